@@ -1,0 +1,171 @@
+"""The ``agentr1`` command.
+
+    agentr1 data synth --out DIR --seed N [--n-train 4000 --n-dev 200 --n-test 300 --hop-weights 0.25,0.35,0.40]
+    agentr1 data convert --format hotpotqa|musique --input FILE --out DIR [--split dev]
+    agentr1 data validate --data DIR
+    agentr1 data retrieval-eval --data DIR --split test [--k 5]
+    agentr1 search --data DIR [--k 5] "query"
+
+Results go to stdout as JSON; bad input exits with status 2 and a message on stderr naming
+the file, line and field (and writes nothing). To add a command, write a
+``_add_<name>(subparsers)`` function that registers a subparser with ``set_defaults(func=...)``
+and append it to ``COMMANDS``; a handler takes the parsed args and returns an exit status.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Callable, Sequence
+
+from agentr1.data.records import DataError
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+
+
+def _print_json(obj: dict) -> None:
+    print(json.dumps(obj, ensure_ascii=False, indent=2))
+
+
+def _parse_weights(text: str) -> tuple[float, ...]:
+    try:
+        weights = tuple(float(x) for x in text.split(","))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from e
+    if not 1 <= len(weights) <= 3 or any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise argparse.ArgumentTypeError(f"expected 1-3 non-negative weights, not all zero, got {text!r}")
+    return weights
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+# ---------------------------------------------------------------- data
+
+
+def cmd_data_synth(args: argparse.Namespace) -> int:
+    from agentr1.data.records import write_dataset
+    from agentr1.data.synth import dataset_stats, generate
+
+    start = time.perf_counter()
+    splits, corpus = generate(args.seed, args.n_train, args.n_dev, args.n_test, args.hop_weights)
+    write_dataset(args.out, splits, corpus)
+    stats = dataset_stats(splits, corpus)
+    _print_json({"out": str(args.out), "seed": args.seed, **stats, "seconds": round(time.perf_counter() - start, 2)})
+    return EXIT_OK
+
+
+def cmd_data_convert(args: argparse.Namespace) -> int:
+    from agentr1.data.convert import convert_to_dataset
+
+    _print_json({"out": str(args.out), **convert_to_dataset(args.format, args.input, args.out, args.split)})
+    return EXIT_OK
+
+
+def cmd_data_retrieval_eval(args: argparse.Namespace) -> int:
+    from agentr1.data.retrieval_eval import retrieval_eval
+
+    _print_json(retrieval_eval(args.data, args.split, args.k, args.cache_dir))
+    return EXIT_OK
+
+
+def cmd_data_validate(args: argparse.Namespace) -> int:
+    from agentr1.data.records import load_dataset
+
+    splits, corpus = load_dataset(args.data)
+    _print_json({"data": str(args.data), "splits": {name: len(rs) for name, rs in splits.items()}, "n_docs": len(corpus)})
+    return EXIT_OK
+
+
+def _add_data(subparsers: argparse._SubParsersAction) -> None:
+    from agentr1.data.convert import CONVERTERS, DEFAULT_SPLIT
+
+    data = subparsers.add_parser("data", help="build, convert and inspect QA datasets")
+    sub = data.add_subparsers(dest="data_command", required=True, metavar="{synth,convert,validate,retrieval-eval}")
+
+    synth = sub.add_parser("synth", help="generate the synthetic multi-hop dataset; prints its statistics")
+    synth.add_argument("--out", required=True, help="dataset directory to write (replaced if it is a dataset)")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--n-train", type=int, default=4000)
+    synth.add_argument("--n-dev", type=int, default=200)
+    synth.add_argument("--n-test", type=int, default=300)
+    synth.add_argument("--hop-weights", type=_parse_weights, default=(0.25, 0.35, 0.40),
+                       help="shares of 1,2,3-hop questions, e.g. 0.25,0.35,0.40")
+    synth.set_defaults(func=cmd_data_synth)
+
+    convert = sub.add_parser("convert", help="convert HotpotQA / MuSiQue JSON into the shared format")
+    convert.add_argument("--format", required=True, choices=sorted(CONVERTERS))
+    convert.add_argument("--input", required=True, help="a JSON list or JSON-lines file")
+    convert.add_argument("--out", required=True, help="dataset directory to write")
+    convert.add_argument("--split", default=DEFAULT_SPLIT, help=f"split to put every record in (default: {DEFAULT_SPLIT})")
+    convert.set_defaults(func=cmd_data_convert)
+
+    validate = sub.add_parser("validate", help="check a dataset dir (ids, fields, supporting docs); prints counts")
+    validate.add_argument("--data", required=True, help="dataset directory")
+    validate.set_defaults(func=cmd_data_validate)
+
+    evaluate = sub.add_parser("retrieval-eval", help="BM25 recall of supporting docs with the question as query")
+    evaluate.add_argument("--data", required=True, help="dataset directory")
+    evaluate.add_argument("--split", default="test")
+    evaluate.add_argument("--k", type=_positive_int, default=5)
+    evaluate.add_argument("--cache-dir", default=None, help="index cache (default: $AGENTR1_CACHE or ~/.cache/agentr1)")
+    evaluate.set_defaults(func=cmd_data_retrieval_eval)
+
+
+# ---------------------------------------------------------------- search
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from agentr1.env.search import SearchIndex
+
+    index = SearchIndex.from_data_dir(args.data, args.cache_dir)
+    for hit in index.search(args.query, args.k):
+        print(json.dumps({"rank": hit.rank, "doc_id": hit.doc_id, "title": hit.title,
+                          "score": round(hit.score, 4), "text": hit.text}, ensure_ascii=False))
+    return EXIT_OK
+
+
+def _add_search(subparsers: argparse._SubParsersAction) -> None:
+    search = subparsers.add_parser("search", help="BM25 search over a dataset's corpus; one JSON line per hit")
+    search.add_argument("--data", required=True, help="dataset directory (its corpus.jsonl is searched)")
+    search.add_argument("--k", type=_positive_int, default=5)
+    search.add_argument("--cache-dir", default=None, help="index cache (default: $AGENTR1_CACHE or ~/.cache/agentr1)")
+    search.add_argument("query")
+    search.set_defaults(func=cmd_search)
+
+
+# ---------------------------------------------------------------- entry point
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_data, _add_search]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentr1", description="Train tool-using LLM agents with masked PPO.")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for add in COMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status (2 for bad input, with the reason on stderr)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse has already printed usage
+        return int(e.code or 0)
+    try:
+        return args.func(args)
+    except (DataError, FileExistsError) as e:
+        print(f"agentr1: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

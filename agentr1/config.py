@@ -1,0 +1,245 @@
+"""The one config tree: every knob of data, model, environment, rollouts, warm-up and PPO.
+
+YAML files in ``conf/`` are validated into :class:`Config` once; ``key=value`` overrides use
+dotted paths (``ppo.lr=3e-4``) and YAML scalars. A bad value fails with the dotted key in the
+message. The same model is what Prefect shows as a parameter form and what is logged flat to
+MLflow (:func:`flatten`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SynthConfig(_Section):
+    seed: int = 0
+    n_train: int = Field(4000, ge=1)
+    n_dev: int = Field(200, ge=1)
+    n_test: int = Field(300, ge=1)
+
+
+class DataConfig(_Section):
+    dir: str = "data"
+    """Dataset directory: ``qa/{train,dev,test}.jsonl`` and ``corpus.jsonl``."""
+    synth: SynthConfig = SynthConfig()
+    """Used when ``dir`` does not exist yet: the synthetic world is generated there."""
+
+
+class ModelConfig(_Section):
+    kind: Literal["scratch", "pretrained"] = "scratch"
+    name_or_path: str | None = None
+    """Pretrained only: a local directory or hub id (read with local_files_only unless allowed)."""
+    vocab_size: int = Field(2048, ge=300)
+    hidden_size: int = Field(128, ge=8)
+    num_layers: int = Field(4, ge=1)
+    num_heads: int = Field(4, ge=1)
+    num_kv_heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(512, ge=8)
+    max_position_embeddings: int = Field(1024, ge=64)
+    lora_r: int = Field(0, ge=0)
+    """Pretrained only: LoRA rank; 0 trains every weight."""
+    lora_alpha: int = 32
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if self.kind == "pretrained" and not self.name_or_path:
+            raise ValueError("model.name_or_path is required when model.kind is 'pretrained'")
+        if self.hidden_size % self.num_heads:
+            raise ValueError("model.hidden_size must be divisible by model.num_heads")
+        return self
+
+
+class EnvConfig(_Section):
+    top_k: int = Field(1, ge=1, le=20)
+    max_turns: int = Field(4, ge=1)
+    """Assistant turns per episode, the answer turn included."""
+    max_query_chars: int = Field(200, ge=1)
+    max_doc_chars: int | None = 400
+    max_turn_tokens: int = Field(48, ge=4)
+    """Tokens the policy may sample in one turn before it is cut."""
+    max_context_tokens: int = Field(640, ge=32)
+    """An episode ends when its sequence would outgrow this."""
+
+
+class RewardConfig(_Section):
+    outcome_em: float = 1.0
+    outcome_f1: float = 0.0
+    format_answer: float = 0.1
+    format_bad_call: float = -0.1
+    process_valid_call: float = 0.0
+    process_new_support: float = 0.2
+    process_bad_call: float = -0.1
+    process_enabled: bool = True
+
+
+class RolloutConfig(_Section):
+    backend: Literal["hf", "vllm"] = "hf"
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+
+
+class ExpertConfig(_Section):
+    """Mistakes of the scripted expert whose transcripts seed the warm-up."""
+
+    stop_short_3hop: float = Field(0.7, ge=0, le=1)
+    distractor: float = Field(0.15, ge=0, le=1)
+    malformed: float = Field(0.05, ge=0, le=1)
+
+
+class SFTConfig(_Section):
+    episodes: int = Field(4000, ge=1)
+    steps: int = Field(600, ge=0)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(30, ge=0)
+    weight_decay: float = 0.0
+    expert: ExpertConfig = ExpertConfig()
+
+
+class PPOConfig(_Section):
+    iterations: int = Field(40, ge=0)
+    episodes_per_iter: int = Field(64, ge=1)
+    group_size: int = Field(1, ge=1)
+    """Samples per question; GRPO/RLOO need more than one."""
+    epochs: int = Field(2, ge=1)
+    minibatch_size: int = Field(32, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    lr: float = Field(1e-4, gt=0)
+    estimator: Literal["gae", "grpo", "rloo", "reinforce_pp"] = "gae"
+    loss_mask: bool = True
+    """Average policy/value loss, KL and entropy over action tokens only."""
+    advantage_mask: bool = True
+    """GAE over action tokens only, bridging environment spans."""
+    clip_eps: float = Field(0.2, gt=0)
+    dual_clip_c: float | None = 3.0
+    vf_coef: float = 0.5
+    vf_clip: float = 0.2
+    kl_coef: float = Field(0.02, ge=0)
+    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    kl_in_reward: bool = False
+    kl_clamp: float = 10.0
+    entropy_coef: float = 0.0
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(0.95, ge=0, le=1)
+    max_grad_norm: float = 1.0
+    whiten_advantages: bool = True
+    mixed_precision: Literal["no", "bf16"] = "no"
+    checkpoint_every: int = Field(10, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "PPOConfig":
+        if self.estimator in ("grpo", "rloo") and self.group_size < 2:
+            raise ValueError(f"ppo.group_size must be >= 2 for estimator {self.estimator!r}")
+        if self.episodes_per_iter % self.group_size:
+            raise ValueError("ppo.episodes_per_iter must be a multiple of ppo.group_size")
+        return self
+
+
+class EvalConfig(_Section):
+    split: str = "test"
+    max_examples: int | None = None
+    sampled_temperature: float | None = None
+    """Temperature of the sampled evaluation; None uses rollout.temperature."""
+    batch_size: int = Field(100, ge=1)
+    render_examples: int = Field(4, ge=0)
+
+
+class Config(_Section):
+    seed: int = 0
+    output_dir: str = "runs/default"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    env: EnvConfig = EnvConfig()
+    reward: RewardConfig = RewardConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    sft: SFTConfig = SFTConfig()
+    ppo: PPOConfig = PPOConfig()
+    eval: EvalConfig = EvalConfig()
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not validate; the message names the key."""
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        lines.append(f"  {key}: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"ppo.lr=3e-4"`` -> ``(["ppo", "lr"], 0.0003)``; the value is read as a YAML scalar."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key=value")
+    key, raw = text.split("=", 1)
+    if not key.strip():
+        raise ConfigError(f"override {text!r} has an empty key")
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else None
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Set dotted keys in a nested dict (copied); unknown keys fail later, at validation."""
+    out = json.loads(json.dumps(raw))
+    for item in overrides:
+        path, value = parse_override(item)
+        node = out
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config (or the defaults), apply overrides, validate once."""
+    raw: dict = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config {path}: top level must be a mapping")
+    raw = apply_overrides(raw, overrides or [])
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, source)) from None
+
+
+def flatten(cfg: BaseModel, prefix: str = "") -> dict[str, Any]:
+    """``{"ppo.lr": 1e-4, ...}``: the flat form MLflow params and DVC params use."""
+    flat: dict[str, Any] = {}
+    for name, value in cfg.model_dump().items():
+        _flatten_into(flat, f"{prefix}{name}", value)
+    return flat
+
+
+def _flatten_into(flat: dict[str, Any], key: str, value: Any) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten_into(flat, f"{key}.{k}", v)
+    else:
+        flat[key] = value
+
+
+def config_hash(cfg: Config) -> str:
+    """A short stable hash of the resolved config (a tag on runs and checkpoints)."""
+    blob = json.dumps(cfg.model_dump(), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]

@@ -1,0 +1,207 @@
+"""The tool-call protocol: how an assistant turn is written and read.
+
+A turn is an optional ``<think>...</think>`` prefix followed by exactly one action:
+
+    <tool_call>{"name": "search", "arguments": {"query": "Zorvak Pellin"}}</tool_call>
+    <answer>Kelmora</answer>
+
+This is the Hermes/Qwen2.5 convention, so a pretrained Qwen2.5 instruct model and the
+from-scratch model speak the same format. ``parse_turn`` never raises: whatever the policy
+samples becomes a ``ParsedTurn``, and a malformed turn carries a short error text that the
+environment sends back as the observation (the agent can read it and retry).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+ANSWER_START = "<answer>"
+ANSWER_END = "</answer>"
+TOOL_RESPONSE_START = "<tool_response>"
+TOOL_RESPONSE_END = "</tool_response>"
+THINK_START = "<think>"
+THINK_END = "</think>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+EOS = "<|endoftext|>"
+# Generation stops at the end of an action; the tokenizer's EOS / IM_END are added by the engine.
+STOP_STRINGS = (TOOL_CALL_END, ANSWER_END)
+
+SEARCH_TOOL_NAME = "search"
+DEFAULT_MAX_QUERY_CHARS = 200
+# Chat-end markers a sampler may leave at the end of a turn; they carry no meaning for the action.
+_TRAILING_MARKERS = (IM_END, EOS)
+# Protocol markup that never belongs inside an answer (the <tool_call>/<answer> tags are
+# caught earlier, as a second block).
+_MARKUP = (THINK_START, THINK_END, TOOL_RESPONSE_START, TOOL_RESPONSE_END, IM_START, IM_END, EOS)
+
+SEARCH_TOOL_SCHEMA: dict = {
+    "type": "function",
+    "function": {
+        "name": SEARCH_TOOL_NAME,
+        "description": "Search the document collection and return the best matching documents.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "The search query, e.g. an entity name."},
+            },
+            "required": ["query"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+TurnKind = Literal["tool_call", "answer", "invalid"]
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    """One assistant turn, read.
+
+    Exactly one of ``query`` (kind "tool_call"), ``answer`` (kind "answer") or ``error``
+    (kind "invalid") is set; ``error`` is a readable message starting with "Error:".
+    """
+
+    kind: TurnKind
+    query: str | None = None
+    answer: str | None = None
+    error: str | None = None
+
+
+def _invalid(message: str) -> ParsedTurn:
+    return ParsedTurn(kind="invalid", error=f"Error: {message}")
+
+
+def _bad_call(message: str) -> ParsedTurn:
+    return _invalid(f"invalid tool call: {message}")
+
+
+def format_tool_call(query: str) -> str:
+    """The canonical tool-call action for a search query (what demonstrations contain)."""
+    call = {"name": SEARCH_TOOL_NAME, "arguments": {"query": query}}
+    return f"{TOOL_CALL_START}{json.dumps(call, ensure_ascii=False)}{TOOL_CALL_END}"
+
+
+def format_answer(answer: str) -> str:
+    return f"{ANSWER_START}{answer}{ANSWER_END}"
+
+
+def format_tool_response(body: str) -> str:
+    """The wrapper the chat template puts around a tool message's body."""
+    return f"{TOOL_RESPONSE_START}\n{body}\n{TOOL_RESPONSE_END}"
+
+
+def parse_turn(text: str, max_query_chars: int = DEFAULT_MAX_QUERY_CHARS) -> ParsedTurn:
+    """Read one assistant turn; never raises.
+
+    Rules: surrounding whitespace and trailing ``<|im_end|>``/``<|endoftext|>`` are ignored;
+    an optional ``<think>...</think>`` prefix is skipped (its content is opaque); what remains
+    must be exactly one ``<tool_call>`` block or one non-empty ``<answer>`` block, with no
+    other text. Anything else is kind "invalid" with an error message for the agent.
+    """
+    try:
+        return _parse_action(_strip_think(_strip_markers(text)), max_query_chars)
+    except _TurnError as err:
+        return _invalid(str(err))
+    except Exception as err:  # noqa: BLE001 - a sampled turn must never crash the rollout
+        return _invalid(f"could not parse the turn ({type(err).__name__})")
+
+
+class _TurnError(ValueError):
+    """A structural problem in the turn; the message is shown to the agent."""
+
+
+def _strip_markers(text: str) -> str:
+    text = text.strip()
+    stripped = True
+    while stripped:
+        stripped = False
+        for marker in _TRAILING_MARKERS:
+            if text.endswith(marker):
+                text = text[: -len(marker)].rstrip()
+                stripped = True
+    return text
+
+
+def _strip_think(text: str) -> str:
+    if not text.startswith(THINK_START):
+        return text
+    end = text.find(THINK_END)
+    if end < 0:
+        raise _TurnError(f"unclosed {THINK_START} (missing {THINK_END})")
+    return text[end + len(THINK_END):].strip()
+
+
+def _parse_action(text: str, max_query_chars: int) -> ParsedTurn:
+    has_call = TOOL_CALL_START in text or TOOL_CALL_END in text
+    has_answer = ANSWER_START in text or ANSWER_END in text
+    if has_call and has_answer:
+        raise _TurnError(f"a turn holds either one {TOOL_CALL_START} or one {ANSWER_START}, not both")
+    if has_call:
+        return _parse_call(_block_body(text, TOOL_CALL_START, TOOL_CALL_END), max_query_chars)
+    if has_answer:
+        answer = _block_body(text, ANSWER_START, ANSWER_END).strip()
+        if not answer:
+            raise _TurnError(f"empty {ANSWER_START}")
+        if any(tag in answer for tag in _MARKUP):
+            raise _TurnError(f"markup inside {ANSWER_START}")
+        return ParsedTurn(kind="answer", answer=answer)
+    raise _TurnError(f"no {TOOL_CALL_START} or {ANSWER_START} found")
+
+
+def _block_body(text: str, start: str, end: str) -> str:
+    """The content of the single ``start...end`` block that must make up all of ``text``."""
+    n_start, n_end = text.count(start), text.count(end)
+    if n_start > 1 or n_end > 1:
+        raise _TurnError(f"only one {start} block is allowed per turn")
+    if n_start == 0:
+        raise _TurnError(f"{end} without {start}")
+    if n_end == 0:
+        raise _TurnError(f"unclosed {start} (missing {end})")
+    i, j = text.index(start), text.index(end)
+    if j < i:
+        raise _TurnError(f"{end} before {start}")
+    if i > 0:
+        raise _TurnError(f"unexpected text before {start}")
+    if j + len(end) < len(text):
+        raise _TurnError(f"unexpected text after {end}")
+    return text[i + len(start): j]
+
+
+def _parse_call(body: str, max_query_chars: int) -> ParsedTurn:
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError as err:
+        return _bad_call(f"not valid JSON ({err.msg})")
+    if not isinstance(call, dict):
+        return _bad_call('expected a JSON object {"name": ..., "arguments": {...}}')
+    problem = _key_problem(call, {"name", "arguments"}, "")
+    if problem:
+        return _bad_call(problem)
+    if call["name"] != SEARCH_TOOL_NAME:
+        return _bad_call(f"unknown tool {call['name']!r} (available: {SEARCH_TOOL_NAME})")
+    args = call["arguments"]
+    if not isinstance(args, dict):
+        return _bad_call("arguments must be a JSON object")
+    problem = _key_problem(args, {"query"}, "arguments.")
+    if problem:
+        return _bad_call(problem)
+    query = args["query"]
+    if not isinstance(query, str) or not query.strip():
+        return _bad_call("arguments.query must be a non-empty string")
+    if len(query) > max_query_chars:
+        return _bad_call(f"arguments.query is longer than {max_query_chars} characters")
+    return ParsedTurn(kind="tool_call", query=query)
+
+
+def _key_problem(obj: dict, expected: set[str], prefix: str) -> str | None:
+    missing = sorted(expected - obj.keys())
+    if missing:
+        return f"missing field {prefix}{missing[0]}"
+    extra = sorted(str(k) for k in obj.keys() - expected)
+    if extra:
+        return f"unexpected field {prefix}{extra[0]}"
+    return None

@@ -1,0 +1,43 @@
+"""RL math for masked PPO (pure tensor functions); see agentr1/rl/core.py for the notation."""
+
+from agentr1.rl.core import (
+    EPS,
+    compute_gae,
+    entropy_from_logits,
+    explained_variance,
+    grpo_advantages,
+    kl_penalty,
+    last_index,
+    logprobs_from_logits,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    place_at,
+    place_outcome,
+    policy_loss,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    value_loss,
+)
+
+__all__ = [
+    "EPS",
+    "compute_gae",
+    "entropy_from_logits",
+    "explained_variance",
+    "grpo_advantages",
+    "kl_penalty",
+    "last_index",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "place_at",
+    "place_outcome",
+    "policy_loss",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
+    "value_loss",
+]

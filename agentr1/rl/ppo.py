@@ -1,0 +1,173 @@
+"""One masked-PPO iteration's math, on a :class:`~agentr1.rollout.batch.RolloutBatch`.
+
+Reads top to bottom: score the batch with the current, reference and value networks ->
+rewards -> advantages -> epochs of clipped minibatch updates. Shapes follow
+:mod:`agentr1.rollout.batch`: (B, L) token ids, (B, T = L - 1) per-token tensors.
+
+Switches (the paper's ablations), all plain arguments:
+- ``loss_mask``: average policy/value loss, KL and entropy over action tokens only; off, over
+  every response token (environment tokens included).
+- ``advantage_mask``: GAE over action tokens only, bridging environment spans; off, plain GAE
+  over every response token.
+- process rewards are already on the batch (zero when the environment had them disabled).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from agentr1.rl.core import (
+    compute_gae,
+    entropy_from_logits,
+    explained_variance,
+    grpo_advantages,
+    kl_penalty,
+    logprobs_from_logits,
+    masked_mean,
+    masked_whiten,
+    policy_loss,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    value_loss,
+)
+from agentr1.rollout.batch import RolloutBatch
+
+
+@dataclass(frozen=True)
+class PPOHyper:
+    estimator: Literal["gae", "grpo", "rloo", "reinforce_pp"] = "gae"
+    loss_mask: bool = True
+    advantage_mask: bool = True
+    epochs: int = 2
+    minibatch_size: int = 32
+    clip_eps: float = 0.2
+    dual_clip_c: float | None = 3.0
+    vf_coef: float = 0.5
+    vf_clip: float = 0.2
+    kl_coef: float = 0.02
+    kl_kind: str = "k3"
+    kl_in_reward: bool = False
+    kl_clamp: float = 10.0
+    entropy_coef: float = 0.0
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+    max_grad_norm: float = 1.0
+    temperature: float = 1.0
+
+
+@dataclass
+class Scored:
+    """What the frozen forward passes give for a batch, all (B, T)."""
+
+    old_logp: torch.Tensor
+    ref_logp: torch.Tensor
+    old_values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    token_rewards: torch.Tensor
+
+
+def forward_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   temperature: float = 1.0, with_entropy: bool = False):
+    """Log-probs (B, T) of tokens 1..L-1, values (B, T), and optionally entropy (B, T)."""
+    logits, values = model(input_ids=input_ids, attention_mask=attention_mask)
+    logits = logits[:, :-1].float() / temperature
+    logp = logprobs_from_logits(logits, input_ids[:, 1:])
+    ent = entropy_from_logits(logits) if with_entropy else None
+    return logp, values[:, :-1].float(), ent
+
+
+@torch.no_grad()
+def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper) -> tuple[Scored, dict[str, float]]:
+    """Old log-probs, reference log-probs, values, rewards and advantages for the batch."""
+    old_logp, old_values, _ = forward_tokens(model, batch.input_ids, batch.attention_mask, hp.temperature)
+    ref_logp, _, _ = forward_tokens(ref_model, batch.input_ids, batch.attention_mask, hp.temperature)
+    loss_mask = batch.action_mask if hp.loss_mask else batch.response_mask
+    adv_mask = batch.action_mask if hp.advantage_mask else batch.response_mask
+    token_rewards = batch.process_rewards + batch.outcome_rewards
+    kl = kl_penalty(old_logp, ref_logp, hp.kl_kind, hp.kl_clamp)
+    if hp.kl_in_reward:
+        token_rewards = token_rewards - hp.kl_coef * kl * loss_mask
+    returns = None
+    if hp.estimator == "gae":
+        adv, returns = compute_gae(token_rewards, old_values, adv_mask, hp.gamma, hp.lam)
+        if hp.whiten_advantages:
+            adv = masked_whiten(adv, adv_mask)
+    elif hp.estimator == "grpo":
+        adv = grpo_advantages(batch.scores, batch.group_ids, adv_mask)
+    elif hp.estimator == "rloo":
+        adv = rloo_advantages(batch.scores, batch.group_ids, adv_mask)
+    elif hp.estimator == "reinforce_pp":
+        adv = reinforce_pp_advantages(token_rewards, adv_mask, hp.gamma)
+    else:
+        raise ValueError(f"unknown estimator {hp.estimator!r}")
+    if returns is None:  # critic-free estimators: the value head is not trained
+        returns = torch.zeros_like(adv)
+    metrics = {
+        "actor/ref_kl": float(masked_mean(kl, batch.action_mask)),
+        "actor/rollout_logp_gap": float(masked_mean((old_logp - batch.rollout_logprobs).abs(), batch.action_mask)),
+        "critic/values_mean": float(masked_mean(old_values, loss_mask)),
+        "critic/returns_mean": float(masked_mean(returns, adv_mask)),
+        "critic/advantages_abs": float(masked_mean(adv.abs(), adv_mask)),
+    }
+    if hp.estimator == "gae":
+        metrics["critic/explained_variance"] = float(explained_variance(old_values, returns, adv_mask))
+    return Scored(old_logp, ref_logp, old_values, adv, returns, token_rewards), metrics
+
+
+def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Scored, hp: PPOHyper,
+               generator: torch.Generator) -> dict[str, float]:
+    """Epochs of shuffled minibatch updates; returns metrics averaged over minibatches."""
+    use_critic = hp.estimator == "gae"
+    loss_mask_full = batch.action_mask if hp.loss_mask else batch.response_mask
+    totals: dict[str, float] = {}
+    n_updates = 0
+    B = len(batch)
+    for _ in range(hp.epochs):
+        order = torch.randperm(B, generator=generator)
+        for start in range(0, B, hp.minibatch_size):
+            idx = order[start : start + hp.minibatch_size]
+            mask = loss_mask_full[idx]
+            if mask.sum() == 0:  # nothing to learn from: an optimizer step would only decay weights
+                continue
+            with accelerator.accumulate(model), accelerator.autocast():
+                logp, values, ent = forward_tokens(
+                    model, batch.input_ids[idx], batch.attention_mask[idx], hp.temperature, with_entropy=True
+                )
+                pg, pg_m = policy_loss(logp, scored.old_logp[idx], scored.advantages[idx], mask,
+                                       hp.clip_eps, None, hp.dual_clip_c)
+                kl = masked_mean(kl_penalty(logp, scored.ref_logp[idx], hp.kl_kind, hp.kl_clamp), mask)
+                entropy = masked_mean(ent, mask)
+                loss = pg - hp.entropy_coef * entropy
+                if not hp.kl_in_reward:
+                    loss = loss + hp.kl_coef * kl
+                vf_m: dict[str, float] = {}
+                if use_critic:
+                    vf, vf_m = value_loss(values, scored.old_values[idx], scored.returns[idx], mask, hp.vf_clip)
+                    loss = loss + hp.vf_coef * vf
+                accelerator.backward(loss)
+                grad_norm = None
+                if accelerator.sync_gradients:
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), hp.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            step_m = {
+                "actor/pg_loss": float(pg_m.get("pg_loss", float(pg))),
+                "actor/pg_clipfrac": float(pg_m.get("pg_clipfrac", 0.0)),
+                "actor/ppo_kl": float(pg_m.get("ppo_kl", 0.0)),
+                "actor/kl_loss": float(kl),
+                "actor/entropy": float(entropy),
+                "critic/vf_loss": float(vf_m.get("vf_loss", 0.0)),
+                "critic/vf_clipfrac": float(vf_m.get("vf_clipfrac", 0.0)),
+            }
+            if grad_norm is not None:
+                step_m["actor/grad_norm"] = float(grad_norm)
+            for k, v in step_m.items():
+                totals[k] = totals.get(k, 0.0) + v
+            n_updates += 1
+    out = {k: v / max(n_updates, 1) for k, v in totals.items()}
+    out["actor/n_updates"] = float(n_updates)
+    return out

@@ -1,0 +1,406 @@
+"""The training recipe: data -> supervised warm-up -> masked-PPO iterations -> evaluation.
+
+Each stage is a function that takes the resolved :class:`~agentr1.config.Config` and paths, so the
+Prefect tasks (``tasks/``) and the CLI call the same code. Metrics go to an optional
+``log_metrics(metrics, step)`` callback (MLflow in the pipeline), never imported here.
+
+Run layout under ``cfg.output_dir``::
+
+    warmup/            HF directory + value head of the warmed-up policy (the PPO reference)
+    checkpoints/last/  the latest PPO checkpoint (policy, optimizer, scheduler, RNG, iteration)
+    final/             the trained policy
+    metrics.jsonl      one JSON object of metrics per PPO iteration
+    eval_*.json        evaluation metrics; trajectories_*.txt  rendered sample episodes
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+from agentr1 import checkpoint as ckpt
+from agentr1.config import Config
+from agentr1.data.records import QARecord, load_corpus_dir, load_split, write_dataset
+from agentr1.env.agents import ExpertNoise, NoisyExpertAgent, run_episodes
+from agentr1.env.qa_env import EnvConfig, QAEnv
+from agentr1.env.rewards import RewardWeights
+from agentr1.env.search import SearchIndex
+from agentr1.evaluate import EvalResult, evaluate, render_trajectory
+from agentr1.rl.ppo import PPOHyper, ppo_update, score_batch
+from agentr1.rl.sft import pad_episodes, sft_loss
+from agentr1.rollout.backend import HFBackend
+from agentr1.rollout.batch import collate
+from agentr1.rollout.engine import RolloutEngine, RolloutSettings, Trajectory
+
+log = logging.getLogger("agentr1.train")
+
+MetricsFn = Callable[[dict[str, float], int], None]
+SPLITS = ("train", "dev", "test")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_device(cfg: Config) -> torch.device:
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.device)
+
+
+def ensure_data(cfg: Config) -> Path:
+    """The dataset directory, generating the synthetic world there if it is not present."""
+    data_dir = Path(cfg.data.dir)
+    if not (data_dir / "corpus.jsonl").exists():
+        from agentr1.data.synth import generate
+
+        s = cfg.data.synth
+        log.info("generating synthetic data (seed %d) into %s", s.seed, data_dir)
+        splits, corpus = generate(s.seed, n_train=s.n_train, n_dev=s.n_dev, n_test=s.n_test)
+        write_dataset(data_dir, splits, corpus)
+    return data_dir
+
+
+@dataclass
+class Workspace:
+    """Data, search and environment for one run (built once, shared by the stages)."""
+
+    cfg: Config
+    data_dir: Path
+    splits: dict[str, list[QARecord]]
+    env: QAEnv
+    device: torch.device
+
+    @classmethod
+    def build(cls, cfg: Config) -> "Workspace":
+        data_dir = ensure_data(cfg)
+        splits = {s: load_split(data_dir, s) for s in SPLITS if (data_dir / "qa" / f"{s}.jsonl").exists()}
+        return cls(cfg, data_dir, splits, make_env(cfg, SearchIndex.from_data_dir(data_dir)), resolve_device(cfg))
+
+
+def make_env(cfg: Config, search: SearchIndex) -> QAEnv:
+    e = cfg.env
+    return QAEnv(search, EnvConfig(top_k=e.top_k, max_turns=e.max_turns, max_query_chars=e.max_query_chars,
+                                   max_doc_chars=e.max_doc_chars),
+                 RewardWeights(**cfg.reward.model_dump()))
+
+
+def make_engine(cfg: Config, env: QAEnv, model, tokenizer, chat, device) -> RolloutEngine:
+    if cfg.rollout.backend != "hf":
+        raise NotImplementedError(f"rollout.backend={cfg.rollout.backend!r} is not available yet; use 'hf'")
+    backend = HFBackend(model.policy, chat.pad_token_id, device)
+    settings = RolloutSettings(cfg.env.max_turn_tokens, cfg.env.max_context_tokens,
+                               cfg.rollout.temperature, cfg.rollout.top_p)
+    return RolloutEngine(backend, chat, tokenizer, env, settings)
+
+
+def make_accelerator(cfg: Config, device: torch.device, mixed_precision: str, grad_accum: int) -> Accelerator:
+    # Accelerate keeps process-wide state; reset it so several runs in one process
+    # (tests, ablations) can each choose their own precision.
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    return Accelerator(cpu=device.type == "cpu", mixed_precision=mixed_precision,
+                       gradient_accumulation_steps=grad_accum)
+
+
+def cosine_schedule(optimizer, warmup: int, total: int) -> torch.optim.lr_scheduler.LambdaLR:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(warmup, 1)
+        progress = (step - warmup) / max(total - warmup, 1)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+# ----------------------------------------------------------------------------- warm-up
+
+
+def expert_transcripts(ws: Workspace, n: int, seed: int):
+    """``n`` noisy-expert episodes over the train split (cycled if it is smaller)."""
+    e = ws.cfg.sft.expert
+    agent = NoisyExpertAgent(ExpertNoise(stop_short_3hop=e.stop_short_3hop, distractor=e.distractor,
+                                         malformed=e.malformed, seed=seed))
+    train = ws.splits["train"]
+    records = [train[i % len(train)] for i in range(n)]
+    return records, run_episodes(ws.env, agent, records)
+
+
+def tokenizer_texts(ws: Workspace, transcripts) -> list[str]:
+    """What the from-scratch tokenizer is trained on: documents, questions, agent turns."""
+    from agentr1.data.records import load_corpus_dir
+
+    texts = [f"{d.title}\n{d.text}" for d in load_corpus_dir(ws.data_dir)]
+    texts += [ws.env.system_prompt()]
+    for split in ws.splits.values():
+        texts += [ws.env.user_prompt(r) for r in split]
+    for t in transcripts:
+        texts += t.turn_texts
+    return texts
+
+
+def build_model(cfg: Config, ws: Workspace, transcripts):
+    """A fresh policy (scratch) or a pretrained one, with its tokenizer and chat format."""
+    from models.chat import ChatFormat
+
+    if cfg.model.kind == "pretrained":
+        from models.pretrained import LoraSpec, load_pretrained
+
+        lora = LoraSpec(r=cfg.model.lora_r, alpha=cfg.model.lora_alpha) if cfg.model.lora_r else None
+        model, tokenizer = load_pretrained(cfg.model.name_or_path, lora=lora)
+    else:
+        from models.policy import ModelSpec, build_policy
+        from models.tokenizer import build_tokenizer
+
+        tokenizer = build_tokenizer(tokenizer_texts(ws, transcripts), vocab_size=cfg.model.vocab_size)
+        m = cfg.model
+        spec = ModelSpec(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
+                         num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size,
+                         max_position_embeddings=m.max_position_embeddings)
+        model = build_policy(spec, tokenizer, seed=cfg.seed)
+    return model, tokenizer, ChatFormat(tokenizer, ws.env.tools)
+
+
+def encode_transcripts(chat, env: QAEnv, records, transcripts) -> list[tuple[list[int], list[int]]]:
+    return [chat.encode_episode(env.system_prompt(), env.user_prompt(r), t.turn_texts, t.observations)
+            for r, t in zip(records, transcripts)]
+
+
+def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
+    """Supervised warm-up on noisy-expert transcripts; saves and returns (model, tokenizer, chat)."""
+    from models.policy import save_actor_critic
+
+    seed_everything(cfg.seed)
+    t0 = time.time()
+    records, transcripts = expert_transcripts(ws, cfg.sft.episodes, cfg.seed)
+    expert_em = sum(t.metrics["em"] for t in transcripts) / len(transcripts)
+    model, tokenizer, chat = build_model(cfg, ws, transcripts)
+    episodes = encode_transcripts(chat, ws.env, records, transcripts)
+    log.info("warm-up: %d expert episodes (expert EM %.3f), %.1f action tokens/episode, built in %.1fs",
+             len(episodes), expert_em, np.mean([sum(m) for _, m in episodes]), time.time() - t0)
+
+    acc = make_accelerator(cfg, ws.device, cfg.ppo.mixed_precision, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
+    scheduler = cosine_schedule(optimizer, cfg.sft.warmup_steps, cfg.sft.steps)
+    model, optimizer, scheduler = acc.prepare(model, optimizer, scheduler)
+    model.train()
+    gen = torch.Generator().manual_seed(cfg.seed)
+    order = torch.randperm(len(episodes), generator=gen).tolist()
+    cursor = 0
+    bar = tqdm(range(cfg.sft.steps), desc="warm-up", mininterval=5, disable=None)
+    for step in bar:
+        if cursor + cfg.sft.batch_size > len(order):
+            order, cursor = torch.randperm(len(episodes), generator=gen).tolist(), 0
+        idx = order[cursor : cursor + cfg.sft.batch_size]
+        cursor += cfg.sft.batch_size
+        ids, attn, target = (x.to(ws.device) for x in pad_episodes([episodes[i] for i in idx], chat.pad_token_id))
+        with acc.autocast():
+            loss, metrics = sft_loss(model, ids, attn, target)
+        acc.backward(loss)
+        acc.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % 20 == 0 or step == cfg.sft.steps - 1:
+            bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}", acc=f"{metrics['sft/token_acc']:.3f}")
+            if log_metrics:
+                log_metrics({**metrics, "sft/lr": scheduler.get_last_lr()[0]}, step)
+    model = acc.unwrap_model(model)
+    model.eval()
+    out = Path(cfg.output_dir) / "warmup"
+    ckpt.atomic_dir(out, lambda d: save_actor_critic(model, tokenizer, d))
+    (out / "warmup_stats.json").write_text(json.dumps(
+        {"expert_em": expert_em, "episodes": len(episodes), "steps": cfg.sft.steps,
+         "seconds": time.time() - t0, "final_loss": metrics["sft/loss"]}, indent=1))
+    log.info("warm-up done in %.1fs: loss %.3f, token acc %.3f", time.time() - t0,
+             metrics["sft/loss"], metrics["sft/token_acc"])
+    return model, tokenizer, chat
+
+
+# ----------------------------------------------------------------------------- PPO
+
+
+def ppo_hyper(cfg: Config) -> PPOHyper:
+    p = cfg.ppo
+    return PPOHyper(estimator=p.estimator, loss_mask=p.loss_mask, advantage_mask=p.advantage_mask,
+                    epochs=p.epochs, minibatch_size=p.minibatch_size, clip_eps=p.clip_eps,
+                    dual_clip_c=p.dual_clip_c, vf_coef=p.vf_coef, vf_clip=p.vf_clip, kl_coef=p.kl_coef,
+                    kl_kind=p.kl_kind, kl_in_reward=p.kl_in_reward, kl_clamp=p.kl_clamp,
+                    entropy_coef=p.entropy_coef, gamma=p.gamma, lam=p.lam,
+                    whiten_advantages=p.whiten_advantages, max_grad_norm=p.max_grad_norm,
+                    temperature=cfg.rollout.temperature)
+
+
+def iteration_records(train: list[QARecord], n_questions: int, group_size: int, seed: int, iteration: int):
+    """The questions of one iteration, each repeated ``group_size`` times; depends only on
+    (seed, iteration), so a resumed run sees the same questions."""
+    rng = random.Random(seed * 100_003 + iteration)
+    picked = rng.sample(train, min(n_questions, len(train)))
+    records = [r for r in picked for _ in range(group_size)]
+    groups = [g for g in range(len(picked)) for _ in range(group_size)]
+    return records, groups
+
+
+def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    n = len(trajs)
+    keys = ("em", "f1", "contains", "format_ok", "n_calls", "n_bad_calls", "support_recall", "turns")
+    out = {f"rollout/{k}": sum(t.metrics.get(k, 0.0) for t in trajs) / n for k in keys}
+    out["reward/outcome"] = sum(t.outcome_reward for t in trajs) / n
+    out["reward/process"] = sum(sum(t.process_rewards) for t in trajs) / n
+    out["reward/total"] = out["reward/outcome"] + out["reward/process"]
+    out["rollout/action_tokens"] = sum(t.n_action_tokens for t in trajs) / n
+    out["rollout/length"] = sum(len(t.token_ids) for t in trajs) / n
+    return out
+
+
+def train_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None,
+              stop_after: int | None = None):
+    """PPO iterations from the warm-up checkpoint (or the last checkpoint, to resume).
+
+    ``stop_after`` ends the run after that many iterations *in total* (used to test resuming).
+    Returns (model, tokenizer, chat, history).
+    """
+    from models.chat import ChatFormat
+    from models.policy import load_actor_critic, save_actor_critic
+
+    out = Path(cfg.output_dir)
+    last = out / "checkpoints" / "last"
+    start_dir = last / ckpt.POLICY_DIR if last.exists() else out / "warmup"
+    model, tokenizer = load_actor_critic(start_dir, device=ws.device)
+    ref_model, _ = load_actor_critic(out / "warmup", device=ws.device)
+    ref_model.eval().requires_grad_(False)
+    chat = ChatFormat(tokenizer, ws.env.tools)
+    p = cfg.ppo
+    hp = ppo_hyper(cfg)
+    acc = make_accelerator(cfg, ws.device, p.mixed_precision, p.grad_accum)
+    optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=p.lr, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    start, history = 0, []
+    if last.exists():
+        state = ckpt.load_trainer_state(last)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        ckpt.set_rng_state(state["rng"])
+        start = state["iteration"]
+        history = ckpt.load_state(last).get("history", [])
+        log.info("resuming PPO from iteration %d (%s)", start, last)
+    model, optimizer, scheduler = acc.prepare(model, optimizer, scheduler)
+    engine = make_engine(cfg, ws.env, acc.unwrap_model(model), tokenizer, chat, ws.device)
+    n_questions = p.episodes_per_iter // p.group_size
+    end = p.iterations if stop_after is None else min(stop_after, p.iterations)
+    t_run = time.time() - (history[-1]["time/elapsed_s"] if history else 0.0)
+
+    def save(iteration: int) -> None:
+        ckpt.save_checkpoint(last, lambda d: save_actor_critic(acc.unwrap_model(model), tokenizer, d),
+                             optimizer, scheduler, iteration, {"history": history})
+
+    for it in range(start, end):
+        t0 = time.time()
+        records, groups = iteration_records(ws.splits["train"], n_questions, p.group_size, cfg.seed, it)
+        model.eval()
+        trajs = engine.run(records, seed=cfg.seed * 7_777 + it, groups=groups)
+        t_roll = time.time() - t0
+        batch = collate(trajs, chat.pad_token_id).to(ws.device)
+        with acc.autocast():
+            scored, score_m = score_batch(model, ref_model, batch, hp)
+        model.train()
+        t1 = time.time()
+        upd_m = ppo_update(model, optimizer, acc, batch, scored, hp,
+                           torch.Generator().manual_seed(cfg.seed * 31 + it))
+        scheduler.step()
+        t_upd = time.time() - t1
+        n_tokens = int(batch.attention_mask.sum())
+        metrics = {**rollout_metrics(trajs), **score_m, **upd_m,
+                   "perf/rollout_s": t_roll, "perf/update_s": t_upd, "perf/iter_s": time.time() - t0,
+                   "perf/rollout_action_tokens_per_s": sum(t.n_action_tokens for t in trajs) / max(t_roll, 1e-9),
+                   "perf/update_tokens_per_s": n_tokens * p.epochs / max(t_upd, 1e-9),
+                   "time/elapsed_s": time.time() - t_run, "iteration": float(it + 1)}
+        history.append(metrics)
+        log.info("iter %3d/%d  em %.3f  reward %.3f  kl %.4f  clip %.3f  ent %.3f  vf %.4f  %.1fs",
+                 it + 1, p.iterations, metrics["rollout/em"], metrics["reward/total"],
+                 metrics["actor/ref_kl"], metrics.get("actor/pg_clipfrac", 0), metrics.get("actor/entropy", 0),
+                 metrics.get("critic/vf_loss", 0), metrics["perf/iter_s"])
+        if log_metrics:
+            log_metrics(metrics, it + 1)
+        if p.checkpoint_every and ((it + 1) % p.checkpoint_every == 0 or it + 1 == end):
+            save(it + 1)
+    model = acc.unwrap_model(model)
+    model.eval()
+    return model, tokenizer, chat, history
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def run_eval(cfg: Config, ws: Workspace, model, tokenizer, chat, tag: str, split: str | None = None
+             ) -> EvalResult:
+    """Evaluate greedy and sampled on a split; writes eval_{tag}.json and trajectories_{tag}.txt."""
+    split = split or cfg.eval.split
+    records = ws.splits[split][: cfg.eval.max_examples] if cfg.eval.max_examples else ws.splits[split]
+    engine = make_engine(cfg, ws.env, model, tokenizer, chat, ws.device)
+    temp = cfg.eval.sampled_temperature or cfg.rollout.temperature
+    result = evaluate(engine, records, seed=cfg.seed + 12_345, sampled_temperature=temp,
+                      batch_size=cfg.eval.batch_size)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"eval_{tag}.json").write_text(json.dumps(result.metrics, indent=1, sort_keys=True))
+    questions = {r.id: r.question for r in records}
+    shown = []
+    for mode in ("greedy", "sampled"):
+        for t in result.trajectories[mode][: cfg.eval.render_examples]:
+            shown.append(f"## {mode}\n" + render_trajectory(t, tokenizer, questions[t.record_id]))
+    (out / f"trajectories_{tag}.txt").write_text("\n\n".join(shown) + "\n")
+    return result
+
+
+def train(cfg: Config, log_metrics: MetricsFn | None = None) -> dict:
+    """The whole recipe; returns a summary with test EM before and after PPO."""
+    t0 = time.time()
+    ws = Workspace.build(cfg)
+    out = Path(cfg.output_dir)
+    if (out / "warmup" / "config.json").exists():
+        from models.chat import ChatFormat
+        from models.policy import load_actor_critic
+
+        model, tokenizer = load_actor_critic(out / "warmup", device=ws.device)
+        chat = ChatFormat(tokenizer, ws.env.tools)
+        log.info("reusing the warm-up checkpoint in %s", out / "warmup")
+    else:
+        model, tokenizer, chat = warmup(cfg, ws, log_metrics)
+    t_warm = time.time() - t0
+    before = run_eval(cfg, ws, model, tokenizer, chat, "warmup")
+    model, tokenizer, chat, history = train_ppo(cfg, ws, log_metrics)
+    t_ppo = time.time() - t0 - t_warm
+    from models.policy import save_actor_critic
+
+    ckpt.atomic_dir(out / "final", lambda d: save_actor_critic(model, tokenizer, d))
+    after = run_eval(cfg, ws, model, tokenizer, chat, "final")
+    from agentr1.plots import plot_learning_curve
+
+    if history:
+        plot_learning_curve(history, out / "learning_curve.png", title=f"masked PPO ({cfg.ppo.estimator})")
+    with open(out / "metrics.jsonl", "w") as f:
+        for h in history:
+            f.write(json.dumps(h) + "\n")
+    summary = {
+        "warmup": {k: v for k, v in before.metrics.items()},
+        "final": {k: v for k, v in after.metrics.items()},
+        "seconds": {"warmup": t_warm, "ppo": t_ppo, "total": time.time() - t0},
+        "output_dir": str(out),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    return summary

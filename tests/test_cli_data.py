@@ -1,0 +1,142 @@
+"""The data and search commands, in-process through main() and once through the installed script."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentr1.cli import build_parser, main
+from agentr1.data.records import load_dataset
+
+from test_convert import HOTPOT_RECORD, MUSIQUE_RECORD
+
+SMALL = ["--n-train", "30", "--n-dev", "5", "--n-test", "10"]
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def synth_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("synth") / "data"
+    assert main(["data", "synth", "--out", str(out), "--seed", "5", *SMALL]) == 0
+    return out
+
+
+def test_parser_is_extensible():
+    parser = build_parser()
+    args = parser.parse_args(["data", "synth", "--out", "x", "--hop-weights", "1,1"])
+    assert args.hop_weights == (1.0, 1.0) and callable(args.func)
+    assert main([]) == 2  # a command is required
+    assert main(["data", "synth", "--out", "x", "--hop-weights", "a,b"]) == 2
+
+
+def test_synth_prints_stats_and_writes_a_valid_dataset(capsys, tmp_path):
+    code, out, _ = _run(capsys, "data", "synth", "--out", tmp_path / "d", "--seed", "1", *SMALL, "--hop-weights", "0,1,1")
+    stats = json.loads(out)
+    assert code == 0 and stats["splits"]["train"] == {"n": 30, "hops": {"2": 15, "3": 15}}
+    assert stats["n_docs"] > 30 and stats["majority_answer_em_test"] == 0.0 and stats["seconds"] >= 0
+    splits, corpus = load_dataset(tmp_path / "d")
+    assert {k: len(v) for k, v in splits.items()} == {"dev": 5, "test": 10, "train": 30}
+    assert len(corpus) == stats["n_docs"]
+
+
+def test_validate_retrieval_eval_and_search(capsys, synth_dir, tmp_path):
+    code, out, _ = _run(capsys, "data", "validate", "--data", synth_dir)
+    assert code == 0 and json.loads(out)["splits"] == {"dev": 5, "test": 10, "train": 30}
+
+    code, out, _ = _run(capsys, "data", "retrieval-eval", "--data", synth_dir, "--split", "test", "--k", "5",
+                        "--cache-dir", tmp_path / "cache")
+    result = json.loads(out)
+    assert code == 0 and set(result) == {"split", "k", "n", "any_support_at_k", "all_support_at_k",
+                                         "mean_support_recall_at_k"}
+    assert result["n"] == 10 and result["any_support_at_k"] >= result["mean_support_recall_at_k"] >= result["all_support_at_k"]
+    assert result["any_support_at_k"] == 1.0  # the question names the first hop's entity
+
+    record = load_dataset(synth_dir)[0]["test"][0]
+    name = record.meta["chain"][0]["query"]
+    code, out, _ = _run(capsys, "search", "--data", synth_dir, "--k", "2", name)
+    hits = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and 1 <= len(hits) <= 2 and hits[0]["title"] == name and hits[0]["rank"] == 1
+    assert hits[0]["doc_id"] == record.supporting_docs[0] and set(hits[0]) == {"rank", "doc_id", "title", "score", "text"}
+    code, out, _ = _run(capsys, "search", "--data", synth_dir, "the of")
+    assert code == 0 and out == ""
+
+
+def test_convert_command(capsys, tmp_path):
+    src = tmp_path / "m.json"
+    src.write_text(json.dumps([MUSIQUE_RECORD]))
+    code, out, _ = _run(capsys, "data", "convert", "--format", "musique", "--input", src, "--out", tmp_path / "ds")
+    assert code == 0 and json.loads(out)["split"] == "dev"
+    assert list(load_dataset(tmp_path / "ds")[0]) == ["dev"]
+
+
+def _without(record: dict, key: str) -> dict:
+    return {k: v for k, v in record.items() if k != key}
+
+
+@pytest.mark.parametrize(
+    ("rows", "where"),
+    [
+        ([HOTPOT_RECORD, _without(HOTPOT_RECORD, "answer") | {"_id": "b"}], ":2: field 'answer': missing"),
+        ([HOTPOT_RECORD, HOTPOT_RECORD | {"_id": "b", "question": ""}], ":2: field 'question': empty"),
+        ([HOTPOT_RECORD | {"supporting_facts": [["Gone", 0]]}], ":1: field 'supporting_facts[0]'"),
+        ([HOTPOT_RECORD, HOTPOT_RECORD], ":2: field 'id': duplicate"),
+        (["{oops"], ":1: not valid JSON"),
+    ],
+)
+def test_bad_input_exits_2_names_file_line_field_and_writes_nothing(capsys, tmp_path, rows, where):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    code, out, err = _run(capsys, "data", "convert", "--format", "hotpotqa", "--input", src, "--out", tmp_path / "out")
+    assert code == 2 and out == ""
+    assert f"{src}{where}" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # no output dir, no temp dir
+
+
+@pytest.mark.parametrize(
+    ("edit", "where"),
+    [
+        (lambda row: row.pop("answers"), "qa/test.jsonl:2: field 'answers': missing"),
+        (lambda row: row.update(question=""), "qa/test.jsonl:2: field 'question': empty"),
+        (lambda row: row.update(supporting_docs=["nope"]), "qa/test.jsonl:2: field 'supporting_docs[0]'"),
+        (lambda row: row.update(id="test-00000"), "qa/test.jsonl:2: field 'id': duplicate"),
+    ],
+)
+def test_bad_dataset_rows_are_reported_by_every_reader(capsys, synth_dir, tmp_path, edit, where):
+    data = tmp_path / "data"
+    shutil.copytree(synth_dir, data)
+    path = data / "qa" / "test.jsonl"
+    lines = path.read_text().splitlines()
+    row = json.loads(lines[1])
+    edit(row)
+    lines[1] = json.dumps(row)
+    path.write_text("\n".join(lines) + "\n")
+    for argv in (["data", "validate", "--data", data], ["data", "retrieval-eval", "--data", data, "--split", "test"]):
+        code, out, err = _run(capsys, *argv)
+        assert code == 2 and out == "" and where in err, err
+
+
+def test_installed_script_is_deterministic_across_processes(tmp_path, synth_dir):
+    """The console script, in a fresh interpreter with another hash seed, writes the same bytes."""
+    script = shutil.which("agentr1", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    assert script is not None
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    out = tmp_path / "again"
+    done = subprocess.run([script, "data", "synth", "--out", str(out), "--seed", "5", *SMALL],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["n_docs"] > 0
+    for name in ("corpus.jsonl", "qa/train.jsonl", "qa/dev.jsonl", "qa/test.jsonl"):
+        assert (out / name).read_bytes() == (synth_dir / name).read_bytes(), name
+    bad = subprocess.run([script, "data", "validate", "--data", str(tmp_path / "missing")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "corpus.jsonl" in bad.stderr

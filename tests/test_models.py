@@ -1,0 +1,352 @@
+"""Tests of models/: tokenizer, chat pieces, actor-critic, save/load, pretrained + LoRA.
+
+Everything is built here from tiny in-test data; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+
+import pytest
+import torch
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models as tok_models, pre_tokenizers, trainers
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
+from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+from models import (
+    SPECIAL_TOKENS,
+    ChatFormat,
+    LoraSpec,
+    ModelSpec,
+    build_policy,
+    build_tokenizer,
+    count_parameters,
+    load_actor_critic,
+    load_pretrained,
+    save_actor_critic,
+)
+from models.tokenizer import MAX_CAPITALISED_TOKEN
+
+TINY = ModelSpec(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64,
+                 max_position_embeddings=512)
+SYSTEM = "Answer by searching. Reply <answer>...</answer>."
+TOOLS = [{"type": "function", "function": {
+    "name": "search", "description": "Search the documents.",
+    "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}]
+
+# ---------------------------------------------------------------- a tiny synthetic world
+ONSETS = ("b", "d", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "tr", "st", "th")
+VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
+CODAS = ("", "", "n", "r", "l", "k")
+TEMPLATES = (
+    "{a} is a film directed by {b}. It was produced by {c} and released by {d} Studios.",
+    "{a} was born in {b}. {a} lives in {c}. The employer of {a} is {d} Group.",
+    "{a} is a city in {b}. {a} trades with {c}. The mayor of {a} is {d}.",
+)
+
+
+def _word(rng: random.Random) -> str:
+    return "".join(rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS) for _ in range(rng.choice((2, 2, 3))))
+
+
+def _name(rng: random.Random) -> str:
+    return " ".join(_word(rng).capitalize() for _ in range(rng.choice((1, 2))))
+
+
+def tool_call(query: str) -> str:
+    return "<tool_call>" + json.dumps({"name": "search", "arguments": {"query": query}}) + "</tool_call>"
+
+
+def _corpus(seed: int, n: int) -> list[str]:
+    rng = random.Random(seed)
+    texts = []
+    for _ in range(n):
+        a, b, c, d = (_name(rng) for _ in range(4))
+        texts += [rng.choice(TEMPLATES).format(a=a, b=b, c=c, d=d), f"Question: Who directed {a}?",
+                  tool_call(a), f"<answer>{b}</answer>"]
+    return texts
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[str]:
+    texts = _corpus(0, 1500)
+    prompt = ChatFormat(build_tokenizer(texts[:50]), TOOLS).prompt_text(SYSTEM, "Question: ?")
+    return texts + [prompt] * 300  # scaffolding, about as often as in training (once per episode)
+
+
+@pytest.fixture(scope="module")
+def tok(corpus):
+    return build_tokenizer(corpus, vocab_size=1024)
+
+
+@pytest.fixture(scope="module")
+def unseen_names() -> list[str]:
+    rng = random.Random(12345)
+    return [_name(rng) for _ in range(40)] + ["Zorvak Pellin", "Tamsu Orveline"]
+
+
+def _contains(seq: list[int], sub: list[int]) -> bool:
+    return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+
+
+# ---------------------------------------------------------------- tokenizer
+def test_special_tokens_are_single_ids_in_order(tok):
+    for i, t in enumerate(SPECIAL_TOKENS):
+        assert tok.encode(t, add_special_tokens=False) == [i], t
+        assert t in tok.all_special_tokens
+    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    ids = enc("<tool_call>{}</tool_call><answer>x</answer><|im_end|>")
+    assert ids == [3] + enc("{}") + [4, 7] + enc("x") + [8, 2]
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<pad>"
+
+
+def test_decode_encode_is_identity(tok):
+    rng = random.Random(1)
+    samples = ["".join(rng.choice(string.printable) for _ in range(rng.randint(0, 60))) for _ in range(200)]
+    samples += ["Zoë Ångström", "naïve — café 東京 🙂", "  two  spaces\n\n\ttab", '{"query": "Zorvak Pellin"}']
+    for s in samples:
+        assert tok.decode(tok.encode(s, add_special_tokens=False)) == s
+
+
+def test_name_ids_identical_in_every_context(tok, unseen_names):
+    for name in unseen_names:
+        ids = tok.encode(name, add_special_tokens=False)
+        contexts = [f"It was produced by {name}.", f"By {name}, then", f"{name} is a film.", f"x\n{name}\n",
+                    tool_call(name), f"<answer>{name}</answer>", f'"{name}"']
+        for ctx in contexts:
+            assert _contains(tok.encode(ctx, add_special_tokens=False), ids), (name, ctx)
+
+
+def test_unseen_names_split_into_frequent_short_pieces(tok, corpus, unseen_names):
+    counts: dict[int, int] = {}
+    for text in corpus:
+        for i in tok.encode(text, add_special_tokens=False):
+            counts[i] = counts.get(i, 0) + 1
+    for name in unseen_names[:-2]:  # names from the training distribution of syllables
+        pieces = tok.convert_ids_to_tokens(tok.encode(name, add_special_tokens=False))
+        assert len(pieces) > len(name.split()), f"{name} is whole-word tokens: {pieces}"
+        for piece, i in zip(pieces, tok.encode(name, add_special_tokens=False)):
+            assert counts.get(i, 0) >= 20, f"{name}: piece {piece!r} seen {counts.get(i, 0)} times in training"
+            assert not piece[0].isupper() or len(piece) <= MAX_CAPITALISED_TOKEN, piece
+    # Template words are allowed to stay whole.
+    assert len(tok.encode("directed", add_special_tokens=False)) == 1
+
+
+def test_chat_template_renders_qwen_style(tok):
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Question: q"},
+            {"role": "assistant", "content": tool_call("A")}, {"role": "tool", "content": "Doc 1 (A): a."}]
+    text = tok.apply_chat_template(msgs, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert text.startswith(f"<|im_start|>system\n{SYSTEM}\n# Tools\n<tools>\n")
+    assert json.dumps(TOOLS[0]["function"], separators=(",", ":")) + "\n</tools>\n" in text
+    assert text.endswith(
+        f"<|im_start|>assistant\n{tool_call('A')}<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nDoc 1 (A): a.\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    plain = tok.apply_chat_template(msgs[1:2], tokenize=False, add_generation_prompt=False)
+    assert plain == "<|im_start|>user\nQuestion: q<|im_end|>\n"
+    assert len(tok.encode(tok.apply_chat_template(msgs[:2], tools=TOOLS, tokenize=False))) < 120
+
+
+# ---------------------------------------------------------------- chat format
+def _check_pieces_match_template(tokenizer, tools, system):
+    chat = ChatFormat(tokenizer, tools)
+    turn1, obs, turn2 = tool_call("Zorvak Pellin"), "Doc 1 (Zorvak Pellin): a film.", "<answer>Mira Tolsen</answer>"
+    ids = (chat.prompt_ids(system, "Question: q") + chat.turn_ids(turn1)
+           + chat.observation_ids(obs, turn_closed=False) + chat.turn_ids(turn2))
+    head = [{"role": "system", "content": system}] if system is not None else []
+    msgs = head + [{"role": "user", "content": "Question: q"}, {"role": "assistant", "content": turn1},
+                   {"role": "tool", "content": obs}, {"role": "assistant", "content": turn2}]
+    rendered = tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False)
+    assert tokenizer.decode(ids) + "<|im_end|>\n" == rendered
+    return chat
+
+
+def test_chat_pieces_match_template(tok):
+    chat = _check_pieces_match_template(tok, TOOLS, SYSTEM)
+    _check_pieces_match_template(tok, None, None)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert chat.end_of_turn_id == im_end and chat.pad_token_id == tok.pad_token_id
+    assert set(chat.stop_token_ids) == set(tok.convert_tokens_to_ids(["</tool_call>", "</answer>", "<|im_end|>"]))
+    open_obs = chat.observation_ids("body", turn_closed=False)
+    assert open_obs[0] == im_end and chat.observation_ids("body", turn_closed=True) == open_obs[1:]
+    assert tok.decode(open_obs) == (
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\nbody\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_turn_ids_are_what_the_policy_emits(tok):
+    chat = ChatFormat(tok, TOOLS)
+    turn = tool_call("Zorvak Pellin")
+    ids = chat.turn_ids(turn)
+    assert ids[0] == tok.convert_tokens_to_ids("<tool_call>") and ids[-1] == tok.convert_tokens_to_ids("</tool_call>")
+    assert tok.decode(ids) == turn
+
+
+def test_encode_episode_masks(tok):
+    chat = ChatFormat(tok, TOOLS)
+    turns = [tool_call("Zorvak Pellin"), tool_call("Mira Tolsen") + "<|im_end|>", "<answer>Kelmora</answer>"]
+    obs = ["Doc 1 (Zorvak Pellin): x.", "Doc 1 (Mira Tolsen): y."]
+    ids, mask = chat.encode_episode(SYSTEM, "Question: q", turns, obs)
+    expected = chat.prompt_ids(SYSTEM, "Question: q")
+    expected_mask = [0] * len(expected)
+    for i, t in enumerate(turns):
+        expected += chat.turn_ids(t)
+        expected_mask += [1] * len(chat.turn_ids(t))
+        if i < len(obs):
+            o = chat.observation_ids(obs[i], turn_closed=(i == 1))  # turn 2 closed itself
+            expected += o
+            expected_mask += [0] * len(o)
+    assert ids == expected and mask == expected_mask
+    assert sum(mask) == sum(len(chat.turn_ids(t)) for t in turns)
+    assert mask[-1] == 1 and ids[-1] == tok.convert_tokens_to_ids("</answer>")
+    assert tok.decode(ids).count("<|im_end|>") == 6  # system, user, 2 turn closers, 2 tool messages
+    with pytest.raises(ValueError, match="2 observations"):
+        chat.encode_episode(SYSTEM, "q", turns, obs[:1])
+
+
+# ---------------------------------------------------------------- actor-critic
+def test_build_policy_shapes_and_seed(tok):
+    model = build_policy(TINY, tok, seed=3)
+    x = torch.randint(0, len(tok), (2, 7))
+    logits, values = model(x, attention_mask=torch.ones_like(x))
+    assert logits.shape == (2, 7, len(tok)) and values.shape == (2, 7)
+    assert torch.all(values == 0)  # zero-initialised value head
+    same, other = build_policy(TINY, tok, seed=3), build_policy(TINY, tok, seed=4)
+    assert torch.equal(same(x)[0], logits) and not torch.equal(other(x)[0], logits)
+    (logits.logsumexp(-1).mean() + values.mean()).backward()
+    assert model.value_head.weight.grad.abs().sum() > 0
+    assert count_parameters(build_policy(ModelSpec(), tok)) < 1_300_000
+
+
+def test_left_padding_with_position_ids_matches_unpadded(tok):
+    model = build_policy(TINY, tok, seed=0).eval()
+    x = torch.randint(20, len(tok), (1, 6))
+    pad = torch.full((1, 3), tok.pad_token_id)
+    xp = torch.cat([pad, x], 1)
+    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 6, dtype=torch.long)], 1)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    ref, got = model(x)[0], model(xp, attention_mask=mask, position_ids=pos)[0][:, 3:]
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_save_load_round_trip(tok, tmp_path):
+    model = build_policy(TINY, tok, seed=0).eval()
+    torch.nn.init.normal_(model.value_head.weight)
+    out = save_actor_critic(model, tok, tmp_path / "ckpt")
+    save_actor_critic(model, tok, out)  # overwriting an existing checkpoint works
+    loaded, tok2 = load_actor_critic(out)
+    x = torch.randint(0, len(tok), (2, 9))
+    (l1, v1), (l2, v2) = model(x), loaded(x)
+    assert torch.equal(l1, l2) and torch.equal(v1, v2) and v1.abs().sum() > 0
+    rng = random.Random(7)
+    texts = ["".join(rng.choice(string.printable) for _ in range(50)) for _ in range(50)]
+    texts += ['{"query": "Zorvak Pellin"}', "Zoë Ångström's 'Tamsu' — 1987.", tool_call("A B")]
+    for t in texts:  # AutoTokenizer (what vLLM uses too) must split exactly as the built one
+        assert tok2.encode(t, add_special_tokens=False) == tok.encode(t, add_special_tokens=False), t
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Question: q"}]
+    assert tok2.apply_chat_template(msgs, tools=TOOLS, tokenize=False) == tok.apply_chat_template(
+        msgs, tools=TOOLS, tokenize=False)
+    assert set(loaded.policy.generation_config.eos_token_id) >= set(ChatFormat(tok2).stop_token_ids)
+    gen = loaded.policy.generate(x[:, :4], max_new_tokens=3, do_sample=False, min_new_tokens=3)
+    assert gen.shape == (2, 7)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["ckpt"]  # no temp dirs left behind
+
+
+# ---------------------------------------------------------------- pretrained (Qwen2.5-like)
+QWEN25_TEMPLATE = (
+    "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- messages[0]['content'] }}\n    {%- else %}\n"
+    "        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n    {%- endif %}\n"
+    "    {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n"
+    "    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n"
+    "    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n{%- else %}\n"
+    "    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n    {%- else %}\n"
+    "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif %}\n{%- for message in messages %}\n"
+    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or "
+    "(message.role == \"assistant\" and not message.tool_calls) %}\n"
+    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+    "    {%- elif message.role == \"assistant\" %}\n        {{- '<|im_start|>' + message.role }}\n"
+    "        {%- if message.content %}\n            {{- '\\n' + message.content }}\n        {%- endif %}\n"
+    "        {%- for tool_call in message.tool_calls %}\n            {%- if tool_call.function is defined %}\n"
+    "                {%- set tool_call = tool_call.function %}\n            {%- endif %}\n"
+    "            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n            {{- tool_call.name }}\n"
+    "            {{- '\", \"arguments\": ' }}\n            {{- tool_call.arguments | tojson }}\n"
+    "            {{- '}\\n</tool_call>' }}\n        {%- endfor %}\n        {{- '<|im_end|>\\n' }}\n"
+    "    {%- elif message.role == \"tool\" %}\n"
+    "        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}\n"
+    "            {{- '<|im_start|>user' }}\n        {%- endif %}\n        {{- '\\n<tool_response>\\n' }}\n"
+    "        {{- message.content }}\n        {{- '\\n</tool_response>' }}\n"
+    "        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n"
+    "            {{- '<|im_end|>\\n' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n"
+)
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory, corpus):
+    """A tiny Qwen2.5-like instruct checkpoint: Qwen2Tokenizer (GPT-style words with leading
+    spaces, tool tokens as non-special added tokens, no </answer> token) + Qwen2.5 template."""
+    bpe = Tokenizer(tok_models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), "isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(corpus[:2000], trainers.BpeTrainer(
+        vocab_size=600, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    spec = json.loads(bpe.to_str())["model"]
+    qtok = Qwen2Tokenizer(vocab=spec["vocab"], merges=[tuple(m) for m in spec["merges"]],
+                          eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    qtok.add_special_tokens({"extra_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    qtok.add_tokens([AddedToken(t, special=False, normalized=False)
+                     for t in ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")])
+    qtok.chat_template = QWEN25_TEMPLATE
+    config = Qwen2Config(vocab_size=len(qtok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True,
+                         eos_token_id=qtok.eos_token_id, pad_token_id=qtok.pad_token_id)
+    path = tmp_path_factory.mktemp("qwen") / "tiny-qwen2.5-instruct"
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    qtok.save_pretrained(path)
+    return path
+
+
+def test_pretrained_keeps_its_template_and_chat_format_works(qwen_dir):
+    model, qtok = load_pretrained(qwen_dir)
+    assert "You are Qwen" in qtok.chat_template
+    chat = _check_pieces_match_template(qtok, TOOLS, SYSTEM)
+    _check_pieces_match_template(qtok, None, None)  # the template's default system prompt
+    assert chat.end_of_turn_id == qtok.convert_tokens_to_ids("<|im_end|>")
+    assert qtok.convert_tokens_to_ids("</tool_call>") in chat.stop_token_ids
+    assert len(qtok.encode("</answer>", add_special_tokens=False)) > 1 and "</answer>" in chat.stop_strings
+    logits, values = model(torch.tensor([chat.prompt_ids(SYSTEM, "Question: q")]))
+    assert logits.shape[-1] == len(qtok) and torch.all(values == 0)
+    assert count_parameters(model, trainable_only=True) == count_parameters(model)
+
+
+def test_lora_trains_only_adapters_and_value_head(qwen_dir, tmp_path):
+    model, qtok = load_pretrained(qwen_dir, lora=LoraSpec(r=4, alpha=8, dropout=0.0))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n or n.startswith("value_head.") for n in trainable)
+    assert {"value_head.weight", "value_head.bias"} <= trainable
+    assert count_parameters(model, trainable_only=True) < count_parameters(model) / 2
+    x = torch.randint(0, len(qtok), (2, 5))
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    for _ in range(2):  # LoRA B starts at zero: the second step moves A too
+        logits, values = model(x)
+        (logits.logsumexp(-1).mean() + (values - 1).pow(2).mean()).backward()
+        opt.step()
+        opt.zero_grad()
+    assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)
+    out = save_actor_critic(model.eval(), qtok, tmp_path / "lora-ckpt")
+    reloaded, _ = load_pretrained(out)  # base + adapter + value head
+    (l1, v1), (l2, v2) = model(x), reloaded(x)
+    torch.testing.assert_close(l2, l1)
+    torch.testing.assert_close(v2, v1)
+    assert v1.abs().sum() > 0
+    assert all("lora_" in n or n.startswith("value_head.") for n, p in reloaded.named_parameters() if p.requires_grad)

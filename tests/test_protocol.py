@@ -1,0 +1,152 @@
+"""Tool-call protocol: parsing never raises, malformed turns give readable errors, formats round-trip."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentr1.env.protocol import (
+    ANSWER_END,
+    ANSWER_START,
+    EOS,
+    IM_END,
+    IM_START,
+    SEARCH_TOOL_SCHEMA,
+    THINK_END,
+    THINK_START,
+    TOOL_CALL_END,
+    TOOL_CALL_START,
+    TOOL_RESPONSE_END,
+    TOOL_RESPONSE_START,
+    ParsedTurn,
+    format_answer,
+    format_tool_call,
+    format_tool_response,
+    parse_turn,
+)
+
+TAGS = (TOOL_CALL_START, TOOL_CALL_END, ANSWER_START, ANSWER_END, THINK_START, THINK_END,
+        TOOL_RESPONSE_START, TOOL_RESPONSE_END, IM_START, IM_END, EOS)
+
+
+def _call(obj) -> str:
+    return f"{TOOL_CALL_START}{json.dumps(obj)}{TOOL_CALL_END}"
+
+
+def _assert_well_formed(turn: ParsedTurn) -> None:
+    set_fields = {"tool_call": turn.query, "answer": turn.answer, "invalid": turn.error}
+    assert turn.kind in set_fields
+    assert set_fields[turn.kind] is not None
+    assert sum(v is not None for v in (turn.query, turn.answer, turn.error)) == 1
+    if turn.kind == "invalid":
+        assert turn.error.startswith("Error: ") and len(turn.error) < 200
+    if turn.kind == "tool_call":
+        assert turn.query.strip() and len(turn.query) <= 200
+
+
+def test_schema_is_openai_function_with_one_required_string_query():
+    fn = SEARCH_TOOL_SCHEMA["function"]
+    assert SEARCH_TOOL_SCHEMA["type"] == "function" and fn["name"] == "search" and fn["description"]
+    assert fn["parameters"]["required"] == ["query"]
+    assert fn["parameters"]["properties"]["query"]["type"] == "string"
+    json.dumps(SEARCH_TOOL_SCHEMA)  # serialisable for the chat template
+
+
+@pytest.mark.parametrize(
+    "text, kind, value",
+    [
+        ('<tool_call>{"name": "search", "arguments": {"query": "Zorvak Pellin"}}</tool_call>', "tool_call", "Zorvak Pellin"),
+        ('<think>I need the director.</think>\n<tool_call>\n{"name": "search", "arguments": {"query": "X"}}\n</tool_call>',
+         "tool_call", "X"),
+        ("<answer>Kelmora</answer>", "answer", "Kelmora"),
+        ("  <think></think><answer> Kelmora  </answer><|im_end|>", "answer", "Kelmora"),
+        ("<think>a <answer> inside thinking is opaque</think><answer>x</answer>", "answer", "x"),
+    ],
+)
+def test_valid_turns(text, kind, value):
+    turn = parse_turn(text)
+    assert turn.kind == kind
+    assert (turn.query if kind == "tool_call" else turn.answer) == value
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("just some text", "no <tool_call> or <answer> found"),
+        ("", "no <tool_call> or <answer> found"),
+        ('<tool_call>{"name": "search", "arguments": {"query": "X"}</tool_call>', "not valid JSON"),
+        ('<tool_call>["search", "X"]</tool_call>', "expected a JSON object"),
+        ('<tool_call>{"name": "lookup", "arguments": {"query": "X"}}</tool_call>', "unknown tool 'lookup'"),
+        ('<tool_call>{"arguments": {"query": "X"}}</tool_call>', "missing field name"),
+        ('<tool_call>{"name": "search", "arguments": {"query": "X"}, "id": 1}</tool_call>', "unexpected field id"),
+        ('<tool_call>{"name": "search", "arguments": "X"}</tool_call>', "arguments must be a JSON object"),
+        ('<tool_call>{"name": "search", "arguments": {}}</tool_call>', "missing field arguments.query"),
+        ('<tool_call>{"name": "search", "arguments": {"q": "X"}}</tool_call>', "missing field arguments.query"),
+        ('<tool_call>{"name": "search", "arguments": {"query": "X", "k": 3}}</tool_call>', "unexpected field arguments.k"),
+        ('<tool_call>{"name": "search", "arguments": {"query": 7}}</tool_call>', "arguments.query must be a non-empty string"),
+        ('<tool_call>{"name": "search", "arguments": {"query": "  "}}</tool_call>', "arguments.query must be a non-empty string"),
+        (_call({"name": "search", "arguments": {"query": "x" * 201}}), "longer than 200 characters"),
+        (_call({"name": "search", "arguments": {"query": "a"}}) * 2, "only one <tool_call>"),
+        ('<tool_call>{"name": "search", "arguments": {"query": "X"}}', "unclosed <tool_call>"),
+        ('{"name": "search"}</tool_call>', "</tool_call> without <tool_call>"),
+        ("<think>still thinking <answer>x</answer>", "unclosed <think>"),
+        ("<answer>x</answer><tool_call>{}</tool_call>", "not both"),
+        ("<answer>   </answer>", "empty <answer>"),
+        ("<answer><think>x</think>y</answer>", "markup inside <answer>"),
+        ("<answer>x", "unclosed <answer>"),
+        ("I will search.<answer>x</answer>", "unexpected text before <answer>"),
+        ("<answer>x</answer> and more", "unexpected text after </answer>"),
+        ("<tool_call>" + "[" * 50_000 + "</tool_call>", "Error:"),
+    ],
+)
+def test_malformed_turns_are_invalid_with_readable_error(text, message):
+    turn = parse_turn(text)
+    _assert_well_formed(turn)
+    assert turn.kind == "invalid"
+    assert message in turn.error, turn.error
+
+
+def test_max_query_chars_is_configurable():
+    text = format_tool_call("abcdef")
+    assert parse_turn(text, max_query_chars=6).kind == "tool_call"
+    assert parse_turn(text, max_query_chars=5).kind == "invalid"
+
+
+def test_format_tool_response_wraps_body():
+    assert format_tool_response("Doc 1 (A): b") == "<tool_response>\nDoc 1 (A): b\n</tool_response>"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_arbitrary_text_never_raises(text):
+    _assert_well_formed(parse_turn(text))
+
+
+_TAG_PIECES = st.sampled_from(TAGS + ('{"name": "search", "arguments": {"query": "', '"}}', " ", "x"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_TAG_PIECES, st.text(max_size=5)), max_size=12))
+def test_tag_soup_never_raises(pieces):
+    _assert_well_formed(parse_turn("".join(pieces)))
+
+
+def _plain(s: str) -> bool:
+    """Non-blank and free of protocol markup."""
+    return bool(s.strip()) and not any(tag in s for tag in TAGS)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=200).filter(_plain))
+def test_tool_call_round_trips(query):
+    turn = parse_turn(format_tool_call(query))
+    assert turn == ParsedTurn(kind="tool_call", query=query)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1).filter(lambda s: _plain(s) and s == s.strip()), st.text().filter(lambda s: THINK_END not in s))
+def test_answer_round_trips_with_optional_think(answer, thought):
+    assert parse_turn(format_answer(answer)) == ParsedTurn(kind="answer", answer=answer)
+    assert parse_turn(f"{THINK_START}{thought}{THINK_END}{format_answer(answer)}").answer == answer

@@ -1,0 +1,196 @@
+"""Record formats: round trips, and every bad row rejected with file, line and field."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentr1.data.records import (
+    DataError,
+    Document,
+    QARecord,
+    corpus_digest,
+    load_corpus,
+    load_corpus_dir,
+    load_dataset,
+    load_qa,
+    load_split,
+    write_dataset,
+)
+
+DOCS = [Document("d1", "Kelmora", "Kelmora is a city in Vostan."), Document("d2", "Vostan", "Vostan is a country.")]
+
+
+def _record(rid: str = "q1", **overrides) -> QARecord:
+    fields = dict(id=rid, question="Where is Kelmora?", answers=("Vostan",), supporting_docs=("d1",), hops=1,
+                  source="test", meta={"kind": "city>country", "chain": [{"query": "Kelmora"}]})
+    fields.update(overrides)
+    return QARecord(**fields)
+
+
+def _row(**overrides) -> dict:
+    row = _record().to_json()
+    row.update(overrides)
+    return {k: v for k, v in row.items() if v is not _DROP}
+
+
+_DROP = object()
+
+
+def _write_lines(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_round_trip_keeps_meta_and_key_order(tmp_path):
+    records = [_record("q1"), _record("q2", hops=2, meta={"z": 1, "a": [1, 2]})]
+    write_dataset(tmp_path / "ds", {"train": records[:1], "test": records[1:]}, DOCS)
+    assert load_split(tmp_path / "ds", "train") == records[:1]
+    loaded = load_split(tmp_path / "ds", "test")[0]
+    assert loaded.meta == {"z": 1, "a": [1, 2]}
+    first_line = (tmp_path / "ds" / "qa" / "test.jsonl").read_text().splitlines()[0]
+    assert list(json.loads(first_line)) == ["id", "question", "answers", "supporting_docs", "hops", "source", "z", "a"]
+    assert load_corpus_dir(tmp_path / "ds") == DOCS
+    splits, corpus = load_dataset(tmp_path / "ds")
+    assert sorted(splits) == ["test", "train"] and corpus == DOCS
+
+
+def test_write_is_deterministic_and_digest_tracks_content(tmp_path):
+    write_dataset(tmp_path / "a", {"dev": [_record()]}, DOCS)
+    write_dataset(tmp_path / "b", {"dev": [_record()]}, DOCS)
+    for name in ("corpus.jsonl", "qa/dev.jsonl"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    assert corpus_digest(DOCS) == corpus_digest(list(DOCS))
+    assert corpus_digest(DOCS) != corpus_digest(DOCS[:1])
+
+
+def test_unicode_is_written_as_text(tmp_path):
+    docs = [Document("d1", "Alû", "Alû is a demon.")]
+    write_dataset(tmp_path / "ds", {"dev": [_record(supporting_docs=())]}, docs)
+    assert "Alû" in (tmp_path / "ds" / "corpus.jsonl").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("row", "field", "needle"),
+    [
+        (_row(answers=_DROP), "answers", "missing"),
+        (_row(answers=[]), "answers", "empty"),
+        (_row(answers="Vostan"), "answers", "list"),
+        (_row(answers=["Vostan", ""]), "answers[1]", "non-empty"),
+        (_row(question=_DROP), "question", "missing"),
+        (_row(question="   "), "question", "empty"),
+        (_row(question=7), "question", "string"),
+        (_row(hops="2"), "hops", "positive integer"),
+        (_row(hops=True), "hops", "positive integer"),
+        (_row(hops=0), "hops", "positive integer"),
+        (_row(supporting_docs=[3]), "supporting_docs[0]", "non-empty string"),
+        (_row(source=_DROP), "source", "missing"),
+    ],
+)
+def test_bad_rows_name_file_line_and_field(tmp_path, row, field, needle):
+    path = _write_lines(tmp_path / "qa.jsonl", [_row(id="ok"), "", row])
+    with pytest.raises(DataError) as info:
+        load_qa(path)
+    err = info.value
+    assert (err.path, err.line, err.field) == (str(path), 3, field)
+    assert needle in err.message
+    assert str(err).startswith(f"{path}:3: field '{field}': ")
+
+
+def test_not_json_and_not_an_object(tmp_path):
+    path = _write_lines(tmp_path / "qa.jsonl", [_row(), "{not json"])
+    with pytest.raises(DataError, match=r"qa\.jsonl:2: not valid JSON"):
+        load_qa(path)
+    path = _write_lines(tmp_path / "list.jsonl", [[1, 2]])
+    with pytest.raises(DataError, match=r"list\.jsonl:1: expected a JSON object"):
+        load_qa(path)
+
+
+def test_missing_file_is_a_data_error(tmp_path):
+    with pytest.raises(DataError, match="cannot read"):
+        load_qa(tmp_path / "nope.jsonl")
+
+
+def test_duplicate_ids_name_both_lines(tmp_path):
+    path = _write_lines(tmp_path / "qa.jsonl", [_row(id="a"), _row(id="b"), _row(id="a")])
+    with pytest.raises(DataError) as info:
+        load_qa(path)
+    assert (info.value.line, info.value.field) == (3, "id") and "first on line 1" in info.value.message
+    corpus = _write_lines(tmp_path / "corpus.jsonl", [d.to_json() for d in DOCS + DOCS[:1]])
+    with pytest.raises(DataError, match=r"corpus\.jsonl:3: field 'id': duplicate document id 'd1'"):
+        load_corpus(corpus)
+
+
+def test_bad_corpus_rows(tmp_path):
+    path = _write_lines(tmp_path / "corpus.jsonl", [{"id": "d1", "title": "T", "text": ""}])
+    with pytest.raises(DataError, match=r"corpus\.jsonl:1: field 'text': empty"):
+        load_corpus(path)
+
+
+def test_supporting_doc_missing_from_corpus_on_load(tmp_path):
+    write_dataset(tmp_path / "ds", {"dev": [_record()]}, DOCS)
+    qa = tmp_path / "ds" / "qa" / "dev.jsonl"
+    _write_lines(qa, [_row(id="a"), _row(id="b", supporting_docs=["d1", "d9"])])
+    for load in (lambda: load_split(tmp_path / "ds", "dev"), lambda: load_dataset(tmp_path / "ds")):
+        with pytest.raises(DataError) as info:
+            load()
+        assert (info.value.path, info.value.line, info.value.field) == (str(qa), 2, "supporting_docs[1]")
+        assert "'d9'" in info.value.message
+
+
+def test_duplicate_ids_across_splits_on_load(tmp_path):
+    write_dataset(tmp_path / "ds", {"dev": [_record("a")], "test": [_record("b")]}, DOCS)
+    _write_lines(tmp_path / "ds" / "qa" / "test.jsonl", [_row(id="a")])
+    with pytest.raises(DataError, match=r"test\.jsonl:1: field 'id': duplicate record id 'a' \(also in split 'dev'\)"):
+        load_dataset(tmp_path / "ds")
+
+
+def _no_leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("splits", "corpus", "pattern"),
+    [
+        ({"dev": [_record(supporting_docs=("d1", "d7"))]}, DOCS, r"dev\.jsonl:1: field 'supporting_docs\[1\]'"),
+        ({"dev": [_record("a"), _record("a")]}, DOCS, r"dev\.jsonl:2: field 'id': duplicate"),
+        ({"dev": [_record("a")], "test": [_record("a")]}, DOCS, r"test\.jsonl:1: field 'id'"),
+        ({"dev": [_record(answers=())]}, DOCS, r"dev\.jsonl:1: field 'answers': empty"),
+        ({"dev": [_record(question="")]}, DOCS, r"dev\.jsonl:1: field 'question': empty"),
+        ({"dev": [_record()]}, DOCS + DOCS[:1], r"corpus\.jsonl:3: field 'id'"),
+        ({"../x": [_record()]}, DOCS, r"bad split name"),
+        ({"dev": [_record()]}, [], r"corpus is empty"),
+    ],
+)
+def test_write_rejects_bad_data_without_output(tmp_path, splits, corpus, pattern):
+    with pytest.raises(DataError, match=pattern):
+        write_dataset(tmp_path / "out", splits, corpus)
+    assert _no_leftovers(tmp_path) == []
+
+
+def test_write_failure_midway_leaves_nothing(tmp_path, monkeypatch):
+    import agentr1.data.records as records
+
+    def explode(new, target):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(records, "_replace_dir", explode)
+    with pytest.raises(OSError):
+        write_dataset(tmp_path / "out", {"dev": [_record()]}, DOCS)
+    assert _no_leftovers(tmp_path) == []
+
+
+def test_overwrite_replaces_a_dataset_but_not_other_dirs(tmp_path):
+    write_dataset(tmp_path / "ds", {"dev": [_record("old")]}, DOCS)
+    write_dataset(tmp_path / "ds", {"test": [_record("new")]}, DOCS)
+    assert not (tmp_path / "ds" / "qa" / "dev.jsonl").exists()
+    assert [r.id for r in load_split(tmp_path / "ds", "test")] == ["new"]
+    assert _no_leftovers(tmp_path) == ["ds"]
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError):
+        write_dataset(tmp_path / "home", {"dev": [_record()]}, DOCS)
+    with pytest.raises(FileExistsError):
+        write_dataset(tmp_path / "ds", {"dev": [_record()]}, DOCS, overwrite=False)
+    assert (tmp_path / "home" / "notes.txt").read_text() == "keep me"
