@@ -1,0 +1,206 @@
+"""Actor-critic: a transformers causal LM (the policy) plus a linear value head on its trunk.
+
+Notation: B batch, T sequence length, V vocabulary, H hidden size.
+
+One forward pass gives both the next-token logits (B, T, V) and per-position values (B, T)
+from the same last hidden states. ``.policy`` is the plain causal LM, so generation with a
+KV cache, ``save_pretrained`` and vLLM see an ordinary Hugging Face checkpoint; the value
+head lives next to it in ``value_head.safetensors``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from models.tokenizer import single_token_ids
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+ADAPTER_CONFIG_FILE = "adapter_config.json"  # written by peft for a LoRA policy
+# Generation stops at any of these (those that are single tokens): end of turn, end of a
+# tool call or answer, end of text. vLLM and generate() read them from generation_config.
+STOP_TOKENS = ("<|im_end|>", "</tool_call>", "</answer>", "<|endoftext|>")
+
+
+@dataclass
+class ModelSpec:
+    """Shape of the from-scratch decoder (a Qwen2 architecture)."""
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    intermediate_size: int = 512
+    max_position_embeddings: int = 1024
+    tie_word_embeddings: bool = True
+    rope_theta: float = 10000.0
+    dropout: float = 0.0
+    """attention dropout; 0 keeps PPO's old/new log-probs comparable"""
+
+
+class ActorCritic(nn.Module):
+    """Causal LM policy + value head (Linear(H, 1), zero-initialised so initial values are 0).
+
+    The policy may be a peft ``PeftModel`` (LoRA); the value head then reads the trunk with
+    the adapters active.
+    """
+
+    def __init__(self, policy: nn.Module, value_head: nn.Linear | None = None):
+        super().__init__()
+        self.policy = policy
+        hidden = _base_lm(policy).config.hidden_size
+        if value_head is None:
+            value_head = nn.Linear(hidden, 1)
+            nn.init.zeros_(value_head.weight)
+            nn.init.zeros_(value_head.bias)
+        self.value_head = value_head.float()  # fp32 even when the trunk runs in bf16
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids (B, T) -> (logits (B, T, V) float32, values (B, T) float32).
+
+        ``attention_mask`` (B, T) is 1 on real tokens; ``position_ids`` (B, T) override the
+        default 0..T-1 (e.g. for left padding).
+        """
+        lm = _base_lm(self.policy)
+        hidden = lm.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state  # (B, T, H)
+        logits = lm.get_output_embeddings()(hidden).float()
+        values = self.value_head(hidden.float()).squeeze(-1)
+        return logits, values
+
+
+def _base_lm(policy: nn.Module) -> PreTrainedModel:
+    """The transformers CausalLM under an optional peft wrapper (LoRA layers stay in it)."""
+    return policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
+    """Number of parameters (shared/tied tensors counted once)."""
+    seen: dict[int, int] = {}
+    for p in model.parameters():
+        if p.requires_grad or not trainable_only:
+            seen[id(p)] = p.numel()
+    return sum(seen.values())
+
+
+def build_policy(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> ActorCritic:
+    """A freshly initialised Qwen2ForCausalLM sized by ``spec`` with vocab ``len(tokenizer)``.
+
+    Initialisation uses its own RNG stream seeded by ``seed`` (the global RNG is untouched).
+    """
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
+        attention_dropout=spec.dropout,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        policy = Qwen2ForCausalLM(config)
+    policy.generation_config = GenerationConfig(
+        eos_token_id=single_token_ids(tokenizer, STOP_TOKENS), pad_token_id=tokenizer.pad_token_id, bos_token_id=None
+    )
+    return ActorCritic(policy)
+
+
+def save_actor_critic(model: ActorCritic, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
+    """Write a plain Hugging Face directory (model or LoRA adapter, tokenizer with its chat
+    template, generation config) plus ``value_head.safetensors``.
+
+    Written to a temporary sibling and renamed, so ``out_dir`` is never half-written.
+    """
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.policy.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        head = {k: v.detach().float().cpu().contiguous() for k, v in model.value_head.state_dict().items()}
+        save_file(head, str(tmp / VALUE_HEAD_FILE))
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Move ``src`` to ``dst``; an existing ``dst`` is swapped out first, then deleted."""
+    old = None
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old.{os.getpid()}")
+        dst.rename(old)
+    src.rename(dst)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None, local_files_only: bool = True) -> nn.Module:
+    """A causal LM from a HF directory/hub id, or base + LoRA adapter from an adapter directory."""
+    adapter_cfg = Path(path) / ADAPTER_CONFIG_FILE
+    if adapter_cfg.is_file():
+        from peft import PeftModel  # only LoRA checkpoints need peft
+
+        base_path = json.loads(adapter_cfg.read_text())["base_model_name_or_path"]
+        base = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype, local_files_only=local_files_only)
+        return PeftModel.from_pretrained(base, str(path), is_trainable=True)
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=local_files_only)
+
+
+def load_value_head(path: str | Path, hidden_size: int) -> nn.Linear | None:
+    """The saved value head in directory ``path``, or None when there is none."""
+    file = Path(path) / VALUE_HEAD_FILE
+    if not file.is_file():
+        return None
+    state = load_file(str(file))
+    if tuple(state["weight"].shape) != (1, hidden_size):
+        raise ValueError(f"{file}: field 'weight': shape {tuple(state['weight'].shape)}, expected (1, {hidden_size})")
+    head = nn.Linear(hidden_size, 1)
+    head.load_state_dict(state)
+    return head
+
+
+def load_actor_critic(
+    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+    local_files_only: bool = True,
+) -> tuple[ActorCritic, PreTrainedTokenizerBase]:
+    """Load what ``save_actor_critic`` wrote (or any causal-LM checkpoint: the value head is
+    then new). Returns ``(model in eval mode on device, tokenizer)``."""
+    policy = load_causal_lm(path, dtype=dtype, local_files_only=local_files_only)
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=local_files_only)
+    head = load_value_head(path, _base_lm(policy).config.hidden_size) if Path(path).is_dir() else None
+    model = ActorCritic(policy, head).to(device)
+    model.eval()
+    return model, tokenizer
