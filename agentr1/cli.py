@@ -5,6 +5,8 @@
     agentr1 data validate --data DIR
     agentr1 data retrieval-eval --data DIR --split test [--k 5]
     agentr1 search --data DIR [--k 5] "query"
+    agentr1 train --config conf/train.yaml [-o key=value ...]
+    agentr1 evaluate --checkpoint DIR --data DIR --split test [--config FILE] [-o key=value ...]
 
 Results go to stdout as JSON; bad input exits with status 2 and a message on stderr naming
 the file, line and field (and writes nothing). To add a command, write a
@@ -19,6 +21,7 @@ import sys
 import time
 from typing import Callable, Sequence
 
+from agentr1.config import ConfigError
 from agentr1.data.records import DataError
 
 EXIT_OK = 0
@@ -140,9 +143,68 @@ def _add_search(subparsers: argparse._SubParsersAction) -> None:
     search.set_defaults(func=cmd_search)
 
 
+# ---------------------------------------------------------------- train / evaluate
+
+
+def _setup_logging() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from agentr1.config import load_config
+    from agentr1.trainer import train
+
+    cfg = load_config(args.config, args.override)
+    _setup_logging()
+    _print_json(train(cfg))
+    return EXIT_OK
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from agentr1.config import load_config
+    from agentr1.trainer import Workspace, run_eval
+    from models.chat import ChatFormat
+    from models.policy import load_actor_critic
+
+    overrides = [f"data.dir={args.data}", f"eval.split={args.split}", f"output_dir={args.out}", *args.override]
+    cfg = load_config(args.config, overrides)
+    _setup_logging()
+    ws = Workspace.build(cfg)
+    if args.split not in ws.splits:
+        raise DataError(str(ws.data_dir / "qa" / f"{args.split}.jsonl"), None, "split", "no such split")
+    model, tokenizer = load_actor_critic(args.checkpoint, device=ws.device)
+    result = run_eval(cfg, ws, model, tokenizer, ChatFormat(tokenizer, ws.tools), tag=args.split)
+    _print_json(result.metrics)
+    return EXIT_OK
+
+
+def _add_config_args(p: argparse.ArgumentParser, default: str | None) -> None:
+    p.add_argument("--config", default=default, help=f"YAML config (default: {default or 'built-in defaults'})")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a config value by dotted key, e.g. -o ppo.lr=3e-4 (repeatable)")
+
+
+def _add_train(subparsers: argparse._SubParsersAction) -> None:
+    train = subparsers.add_parser("train", help="warm-up + masked PPO + evaluation; prints a JSON summary")
+    _add_config_args(train, "conf/train.yaml")
+    train.set_defaults(func=cmd_train)
+
+
+def _add_evaluate(subparsers: argparse._SubParsersAction) -> None:
+    ev = subparsers.add_parser("evaluate", help="greedy and sampled episodes on a split; prints JSON metrics")
+    ev.add_argument("--checkpoint", required=True, help="a policy directory (e.g. runs/default/final)")
+    ev.add_argument("--data", required=True, help="dataset directory")
+    ev.add_argument("--split", default="test")
+    ev.add_argument("--out", default="runs/eval", help="where eval JSON and rendered trajectories go")
+    _add_config_args(ev, "conf/train.yaml")
+    ev.set_defaults(func=cmd_evaluate)
+
+
 # ---------------------------------------------------------------- entry point
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_data, _add_search]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_data, _add_search, _add_train, _add_evaluate]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code or 0)
     try:
         return args.func(args)
-    except (DataError, FileExistsError) as e:
+    except (DataError, ConfigError, FileExistsError) as e:
         print(f"agentr1: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

@@ -64,6 +64,10 @@ class EnvConfig(_Section):
     """Assistant turns per episode, the answer turn included."""
     max_query_chars: int = Field(200, ge=1)
     max_doc_chars: int | None = 400
+    system_prompt: str | None = None
+    """Instructions in the system message; None keeps the environment's default."""
+    tools_in_prompt: bool = True
+    """Render the tool schemas into the system message (``apply_chat_template(tools=...)``)."""
     max_turn_tokens: int = Field(48, ge=4)
     """Tokens the policy may sample in one turn before it is cut."""
     max_context_tokens: int = Field(640, ge=32)

@@ -84,6 +84,16 @@ class Workspace:
     env: QAEnv
     device: torch.device
 
+    @property
+    def tools(self) -> list[dict] | None:
+        """Tool schemas for the chat template, or None when the prompt leaves them out."""
+        return self.env.tools if self.cfg.env.tools_in_prompt else None
+
+    @property
+    def system_prompt(self) -> str | None:
+        """The system message, None when configured empty (no system turn at all)."""
+        return self.env.system_prompt() or None
+
     @classmethod
     def build(cls, cfg: Config) -> "Workspace":
         data_dir = ensure_data(cfg)
@@ -94,7 +104,7 @@ class Workspace:
 def make_env(cfg: Config, search: SearchIndex) -> QAEnv:
     e = cfg.env
     return QAEnv(search, EnvConfig(top_k=e.top_k, max_turns=e.max_turns, max_query_chars=e.max_query_chars,
-                                   max_doc_chars=e.max_doc_chars),
+                                   max_doc_chars=e.max_doc_chars, system_prompt=e.system_prompt),
                  RewardWeights(**cfg.reward.model_dump()))
 
 
@@ -140,20 +150,29 @@ def expert_transcripts(ws: Workspace, n: int, seed: int):
     return records, run_episodes(ws.env, agent, records)
 
 
-def tokenizer_texts(ws: Workspace, transcripts) -> list[str]:
-    """What the from-scratch tokenizer is trained on: documents, questions, agent turns."""
-    from agentr1.data.records import load_corpus_dir
+def tokenizer_texts(ws: Workspace, records, transcripts) -> list[str]:
+    """What the from-scratch tokenizer is trained on: the corpus, every question, and the
+    expert episodes rendered exactly as the policy will see them (chat scaffolding, tool calls,
+    tool responses), so frequent scaffolding becomes whole tokens."""
+    from models.chat import ChatFormat
+    from models.tokenizer import build_tokenizer
 
     texts = [f"{d.title}\n{d.text}" for d in load_corpus_dir(ws.data_dir)]
-    texts += [ws.env.system_prompt()]
     for split in ws.splits.values():
         texts += [ws.env.user_prompt(r) for r in split]
-    for t in transcripts:
-        texts += t.turn_texts
+    # Rendering needs only the chat template, not a good vocabulary: a byte-level draft does.
+    draft = ChatFormat(build_tokenizer(texts[:200], vocab_size=300), ws.tools)
+    for r, t in zip(records, transcripts):
+        parts = [draft.prompt_text(ws.system_prompt, ws.env.user_prompt(r))]
+        for k, turn in enumerate(t.turn_texts):
+            parts.append(turn)
+            if k < len(t.observations):
+                parts.append(draft.observation_text(t.observations[k], turn_closed=False))
+        texts.append("".join(parts))
     return texts
 
 
-def build_model(cfg: Config, ws: Workspace, transcripts):
+def build_model(cfg: Config, ws: Workspace, records, transcripts):
     """A fresh policy (scratch) or a pretrained one, with its tokenizer and chat format."""
     from models.chat import ChatFormat
 
@@ -166,17 +185,17 @@ def build_model(cfg: Config, ws: Workspace, transcripts):
         from models.policy import ModelSpec, build_policy
         from models.tokenizer import build_tokenizer
 
-        tokenizer = build_tokenizer(tokenizer_texts(ws, transcripts), vocab_size=cfg.model.vocab_size)
+        tokenizer = build_tokenizer(tokenizer_texts(ws, records, transcripts), vocab_size=cfg.model.vocab_size)
         m = cfg.model
         spec = ModelSpec(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                          num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size,
                          max_position_embeddings=m.max_position_embeddings)
         model = build_policy(spec, tokenizer, seed=cfg.seed)
-    return model, tokenizer, ChatFormat(tokenizer, ws.env.tools)
+    return model, tokenizer, ChatFormat(tokenizer, ws.tools)
 
 
 def encode_transcripts(chat, env: QAEnv, records, transcripts) -> list[tuple[list[int], list[int]]]:
-    return [chat.encode_episode(env.system_prompt(), env.user_prompt(r), t.turn_texts, t.observations)
+    return [chat.encode_episode(env.system_prompt() or None, env.user_prompt(r), t.turn_texts, t.observations)
             for r, t in zip(records, transcripts)]
 
 
@@ -188,7 +207,7 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     t0 = time.time()
     records, transcripts = expert_transcripts(ws, cfg.sft.episodes, cfg.seed)
     expert_em = sum(t.metrics["em"] for t in transcripts) / len(transcripts)
-    model, tokenizer, chat = build_model(cfg, ws, transcripts)
+    model, tokenizer, chat = build_model(cfg, ws, records, transcripts)
     episodes = encode_transcripts(chat, ws.env, records, transcripts)
     log.info("warm-up: %d expert episodes (expert EM %.3f), %.1f action tokens/episode, built in %.1fs",
              len(episodes), expert_em, np.mean([sum(m) for _, m in episodes]), time.time() - t0)
@@ -217,6 +236,9 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
         optimizer.zero_grad(set_to_none=True)
         if step % 20 == 0 or step == cfg.sft.steps - 1:
             bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}", acc=f"{metrics['sft/token_acc']:.3f}")
+            if step % 100 == 0:  # the bar is silent when stderr is not a terminal (CI, Prefect)
+                log.info("warm-up step %d/%d  loss %.3f  token acc %.3f  %.0fs", step, cfg.sft.steps,
+                         metrics["sft/loss"], metrics["sft/token_acc"], time.time() - t0)
             if log_metrics:
                 log_metrics({**metrics, "sft/lr": scheduler.get_last_lr()[0]}, step)
     model = acc.unwrap_model(model)
@@ -283,7 +305,7 @@ def train_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None,
     model, tokenizer = load_actor_critic(start_dir, device=ws.device)
     ref_model, _ = load_actor_critic(out / "warmup", device=ws.device)
     ref_model.eval().requires_grad_(False)
-    chat = ChatFormat(tokenizer, ws.env.tools)
+    chat = ChatFormat(tokenizer, ws.tools)
     p = cfg.ppo
     hp = ppo_hyper(cfg)
     acc = make_accelerator(cfg, ws.device, p.mixed_precision, p.grad_accum)
@@ -377,7 +399,7 @@ def train(cfg: Config, log_metrics: MetricsFn | None = None) -> dict:
         from models.policy import load_actor_critic
 
         model, tokenizer = load_actor_critic(out / "warmup", device=ws.device)
-        chat = ChatFormat(tokenizer, ws.env.tools)
+        chat = ChatFormat(tokenizer, ws.tools)
         log.info("reusing the warm-up checkpoint in %s", out / "warmup")
     else:
         model, tokenizer, chat = warmup(cfg, ws, log_metrics)

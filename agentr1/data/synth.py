@@ -37,9 +37,9 @@ SOURCE = "synthetic"
 SPLITS = ("train", "dev", "test")
 DEFAULT_HOP_WEIGHTS = (0.25, 0.35, 0.40)
 # Documents are read by a ~1M-parameter model inside a short context: keep them short.
-MIN_DOC_WORDS = 20
-MAX_DOC_WORDS = 45
-MAX_FILLER_FACTS = 2
+MIN_DOC_WORDS = 12
+MAX_DOC_WORDS = 30
+MAX_FILLER_FACTS = 1
 LOOKALIKES_PER_QUESTION = (1, 2)
 _MAX_TRIES = 1000
 

@@ -60,6 +60,8 @@ class EnvConfig:
     """Longer queries are malformed calls."""
     max_doc_chars: int | None = 400
     """Each returned document's text is cut to this many characters (None: whole)."""
+    system_prompt: str | None = None
+    """Replaces the default instructions (a tiny from-scratch model does better with a short one)."""
 
     def __post_init__(self) -> None:
         for name in ("top_k", "max_turns", "max_query_chars"):
@@ -121,7 +123,7 @@ class QAEnv:
         return [SEARCH_TOOL_SCHEMA]
 
     def system_prompt(self) -> str:
-        return SYSTEM_PROMPT
+        return SYSTEM_PROMPT if self.config.system_prompt is None else self.config.system_prompt
 
     def user_prompt(self, record: QARecord) -> str:
         return f"Question: {record.question}"

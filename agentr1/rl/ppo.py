@@ -155,11 +155,11 @@ def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Score
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             step_m = {
-                "actor/pg_loss": float(pg_m.get("pg_loss", float(pg))),
+                "actor/pg_loss": float(pg_m.get("pg_loss", float(pg.detach()))),
                 "actor/pg_clipfrac": float(pg_m.get("pg_clipfrac", 0.0)),
                 "actor/ppo_kl": float(pg_m.get("ppo_kl", 0.0)),
-                "actor/kl_loss": float(kl),
-                "actor/entropy": float(entropy),
+                "actor/kl_loss": float(kl.detach()),
+                "actor/entropy": float(entropy.detach()),
                 "critic/vf_loss": float(vf_m.get("vf_loss", 0.0)),
                 "critic/vf_clipfrac": float(vf_m.get("vf_clipfrac", 0.0)),
             }

@@ -35,4 +35,4 @@ def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, targe
     loss = masked_mean(nll, target_mask)
     with torch.no_grad():
         acc = masked_mean((logits.argmax(-1) == labels).float(), target_mask)
-    return loss, {"sft/loss": float(loss), "sft/token_acc": float(acc)}
+    return loss, {"sft/loss": float(loss.detach()), "sft/token_acc": float(acc)}

@@ -1,0 +1,157 @@
+"""Rollout engine and hf backend: masks, stops, seeds, reward placement, log-probs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentr1.data import synth
+from agentr1.env.agents import OracleAgent
+from agentr1.env.qa_env import EnvConfig, QAEnv
+from agentr1.env.search import SearchIndex
+from agentr1.rl.ppo import forward_tokens
+from agentr1.rollout.backend import Generation, HFBackend, SamplingSpec, sample_next
+from agentr1.rollout.batch import collate
+from agentr1.rollout.engine import RolloutEngine, RolloutSettings
+from models.chat import ChatFormat
+from models.policy import ModelSpec, build_policy
+from models.tokenizer import build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    splits, corpus = synth.generate(3, n_train=40, n_dev=5, n_test=24)
+    search = SearchIndex.build(corpus, cache_dir=tmp_path_factory.mktemp("idx"))
+    env = QAEnv(search, EnvConfig(top_k=1, max_turns=4, system_prompt=""))
+    texts = [f"{d.title}\n{d.text}" for d in corpus] + [r.question for r in splits["train"]]
+    texts += ['<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>'] * 50
+    tok = build_tokenizer(texts, vocab_size=600)
+    chat = ChatFormat(tok, None)
+    model = build_policy(ModelSpec(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2,
+                                   intermediate_size=64), tok, seed=0)
+    model.eval()
+    return {"splits": splits, "env": env, "tok": tok, "chat": chat, "model": model}
+
+
+def make_engine(world, backend=None, max_turn_tokens=12, max_context=400, temperature=1.0):
+    backend = backend or HFBackend(world["model"].policy, world["chat"].pad_token_id)
+    return RolloutEngine(backend, world["chat"], world["tok"], world["env"],
+                         RolloutSettings(max_turn_tokens, max_context, temperature))
+
+
+def test_tokens_are_prompt_then_sampled_turns_and_observations(world):
+    chat, records = world["chat"], world["splits"]["test"][:6]
+    trajs = make_engine(world).run(records, seed=0)
+    for t, r in zip(trajs, records):
+        assert t.token_ids[: t.prompt_len] == chat.prompt_ids(None, world["env"].user_prompt(r))
+        assert all(m == 0 for m in t.action_mask[: t.prompt_len])
+        # Rebuild the sequence from its turns: each turn's sampled span has mask 1, each
+        # observation exactly the ids the chat format gives, mask 0.
+        j = t.prompt_len
+        for k, end in enumerate(t.turn_ends):
+            assert all(t.action_mask[i] == 1 for i in range(j, end + 1))
+            j = end + 1
+            if k < len(t.observations):
+                closed = t.token_ids[end] == chat.end_of_turn_id
+                obs = chat.observation_ids(t.observations[k], turn_closed=closed)
+                assert t.token_ids[j : j + len(obs)] == obs
+                assert all(m == 0 for m in t.action_mask[j : j + len(obs)])
+                j += len(obs)
+        assert j == len(t.token_ids)
+        assert len(t.token_ids) == len(t.action_mask) == len(t.rollout_logprobs)
+        assert t.finish in ("answer", "max_turns", "context")
+
+
+def test_turns_stop_at_stop_tokens_or_the_limit(world):
+    chat = world["chat"]
+    trajs = make_engine(world, max_turn_tokens=7).run(world["splits"]["test"][:8], seed=1)
+    for t in trajs:
+        start = t.prompt_len
+        for k, end in enumerate(t.turn_ends):
+            turn = t.token_ids[start : end + 1]
+            stops = [i for i, tok in enumerate(turn) if tok in chat.stop_token_ids]
+            assert stops in ([], [len(turn) - 1])  # a stop token can only be the last
+            assert stops or len(turn) == 7
+            start = end + 1 + (len(chat.observation_ids(t.observations[k], turn[-1] == chat.end_of_turn_id))
+                               if k < len(t.observations) else 0)
+
+
+def test_same_seed_same_rollout_other_seed_differs(world):
+    records = world["splits"]["test"][:6]
+    a = make_engine(world).run(records, seed=5)
+    b = make_engine(world).run(records, seed=5)
+    c = make_engine(world).run(records, seed=6)
+    assert [t.token_ids for t in a] == [t.token_ids for t in b]
+    assert [t.rollout_logprobs for t in a] == [t.rollout_logprobs for t in b]
+    assert [t.token_ids for t in a] != [t.token_ids for t in c]
+
+
+def test_episode_ends_when_context_is_full_and_keeps_its_outcome_on_last_action(world):
+    trajs = make_engine(world, max_turn_tokens=20, max_context=80).run(world["splits"]["test"][:6], seed=2)
+    assert any(t.finish == "context" for t in trajs)
+    batch = collate(trajs, world["chat"].pad_token_id)
+    for b, t in enumerate(trajs):
+        assert len(t.token_ids) <= 80 and t.turn_ends
+        last = t.last_action_index
+        assert t.action_mask[last] == 1 and all(m == 0 for m in t.action_mask[last + 1 :])
+        col = batch.outcome_rewards[b].nonzero().flatten().tolist()
+        if t.outcome_reward != 0:
+            assert col == [last - 1]
+            assert batch.action_mask[b, last - 1] == 1
+
+
+class ScriptedBackend:
+    """Emits the oracle's turns as token ids (what a perfect policy would sample); it sees
+    only the prompt ids, like a real backend, and keeps each episode's chat on the side."""
+
+    def __init__(self, world, records):
+        self.world, self.agent, self.records = world, OracleAgent(), records
+        self.chats: dict[str, list[dict]] = {}
+
+    def sync_weights(self, model):  # pragma: no cover - nothing to sync
+        pass
+
+    def generate(self, prompts, spec, seeds):
+        chat, tok = self.world["chat"], self.world["tok"]
+        out = []
+        for p in prompts:
+            text = tok.decode(p, skip_special_tokens=False)
+            record = next(r for r in self.records if f"Question: {r.question}<" in text)
+            msgs = self.chats.setdefault(record.id, [{"role": "user", "content": record.question}])
+            if "<tool_response>\n" in text:
+                body = text.rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>")[0]
+                msgs.append({"role": "tool", "content": body})
+            turn = self.agent.act(record, msgs)
+            msgs.append({"role": "assistant", "content": turn})
+            ids = chat.turn_ids(turn)
+            out.append(Generation(ids, [0.0] * len(ids), "stop"))
+        return out
+
+
+def test_a_perfect_policy_scores_full_marks_through_the_token_protocol(world):
+    records = world["splits"]["test"]
+    engine = make_engine(world, backend=ScriptedBackend(world, records), max_turn_tokens=64, max_context=1000)
+    trajs = engine.run(records, seed=0)
+    assert all(t.metrics["em"] == 1.0 for t in trajs)
+    for t, r in zip(trajs, records):
+        assert len(t.turn_ends) == r.hops + 1  # one search per hop, then the answer
+        assert t.process_rewards[: r.hops] == [pytest.approx(0.2)] * r.hops
+
+
+def test_sampling_logprobs_match_the_trainers_forward(world):
+    trajs = make_engine(world).run(world["splits"]["test"][:6], seed=3)
+    batch = collate(trajs, world["chat"].pad_token_id)
+    with torch.no_grad():
+        logp, _, _ = forward_tokens(world["model"], batch.input_ids, batch.attention_mask)
+    gap = ((logp - batch.rollout_logprobs).abs() * batch.action_mask).max()
+    assert gap < 1e-4
+
+
+def test_sample_next_is_per_row_seeded_and_respects_top_p():
+    logits = torch.tensor([[0.0, 5.0, 4.9, -3.0], [1.0, 1.0, 1.0, 1.0]])
+    spec = SamplingSpec(1, (), temperature=1.0, top_p=0.5)
+    ids = [sample_next(logits, spec, [torch.Generator().manual_seed(s), torch.Generator().manual_seed(9)])[0]
+           for s in range(20)]
+    assert {int(i[0]) for i in ids} == {1}  # top-p 0.5 keeps only the best token of row 0
+    assert len({int(i[1]) for i in ids}) == 1  # row 1 always has the same seed
+    greedy, lp = sample_next(logits, SamplingSpec(1, (), temperature=0.0), [None, None])
+    assert greedy.tolist() == [1, 0] and torch.all(lp <= 0)

@@ -1,0 +1,117 @@
+"""The training recipe end to end on a tiny world: warm-up, PPO, resume, evaluation, CLI."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from agentr1.cli import main
+from agentr1.config import ConfigError, load_config
+from agentr1.trainer import Workspace, train, train_ppo, warmup
+
+TINY = [
+    "data.synth.n_train=48", "data.synth.n_dev=4", "data.synth.n_test=12",
+    "model.vocab_size=700", "model.hidden_size=32", "model.num_layers=2", "model.num_heads=2",
+    "model.num_kv_heads=2", "model.intermediate_size=64",
+    "sft.episodes=48", "sft.steps=4", "sft.batch_size=8", "sft.warmup_steps=1",
+    "ppo.iterations=4", "ppo.episodes_per_iter=8", "ppo.minibatch_size=4", "ppo.checkpoint_every=1",
+    "env.max_turn_tokens=16", "env.max_context_tokens=300", "eval.render_examples=1",
+]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data") / "synth"
+    Workspace.build(load_config("conf/train.yaml", [f"data.dir={d}", *TINY]))
+    return d
+
+
+def tiny_config(data_dir, out, *extra):
+    return load_config("conf/train.yaml", [f"data.dir={data_dir}", f"output_dir={out}", *TINY, *extra])
+
+
+def params(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.slow
+def test_resume_gives_the_same_parameters_as_one_run(data_dir, tmp_path):
+    one = tiny_config(data_dir, tmp_path / "one")
+    ws = Workspace.build(one)
+    warm, _, _ = warmup(one, ws)
+    warm_params = params(warm)
+    model_a, _, _, hist_a = train_ppo(one, ws)
+
+    two = tiny_config(data_dir, tmp_path / "two")
+    shutil.copytree(tmp_path / "one" / "warmup", tmp_path / "two" / "warmup")
+    train_ppo(two, ws, stop_after=2)
+    assert json.loads((tmp_path / "two/checkpoints/last/state.json").read_text())["iteration"] == 2
+    model_b, _, _, hist_b = train_ppo(two, ws)  # resumes from iteration 2
+
+    a, b = params(model_a), params(model_b)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed run diverged from the uninterrupted one"
+    assert any(not torch.equal(a[k], warm_params[k]) for k in a), "PPO changed nothing"
+    assert [h["rollout/em"] for h in hist_a] == [h["rollout/em"] for h in hist_b]
+    assert len(hist_b) == 4
+
+
+@pytest.mark.slow
+def test_train_writes_summary_checkpoints_plot_and_trajectories(data_dir, tmp_path):
+    cfg = tiny_config(data_dir, tmp_path / "run", "ppo.iterations=2")
+    summary = train(cfg)
+    out = tmp_path / "run"
+    for name in ("warmup/config.json", "warmup/value_head.safetensors", "final/config.json",
+                 "checkpoints/last/trainer_state.pt", "learning_curve.png", "metrics.jsonl",
+                 "eval_warmup.json", "eval_final.json", "trajectories_final.txt", "summary.json"):
+        assert (out / name).exists(), name
+    for mode in ("greedy", "sampled"):
+        assert 0.0 <= summary["final"][f"{mode}/em"] <= 1.0
+        assert f"{mode}/hops1/em" in summary["final"]
+    history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [h["iteration"] for h in history] == [1.0, 2.0]
+    for key in ("actor/ref_kl", "actor/pg_clipfrac", "actor/entropy", "critic/vf_loss",
+                "critic/explained_variance", "reward/process", "perf/update_tokens_per_s"):
+        assert key in history[0], key
+    text = (out / "trajectories_final.txt").read_text()
+    assert "⟦env" in text and "▶" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_pp"])
+def test_critic_free_estimators_run_with_the_masks_off(data_dir, tmp_path, estimator):
+    cfg = tiny_config(data_dir, tmp_path, f"ppo.estimator={estimator}", "ppo.group_size=4",
+                      "ppo.iterations=1", "ppo.loss_mask=false", "ppo.advantage_mask=false")
+    ws = Workspace.build(cfg)
+    warmup(cfg, ws)
+    _, _, _, hist = train_ppo(cfg, ws)
+    assert hist and all(torch.isfinite(torch.tensor(v)) for v in hist[0].values())
+
+
+def test_config_errors_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="ppo.lr"):
+        load_config("conf/train.yaml", ["ppo.lr=-1"])
+    with pytest.raises(ConfigError, match="ppo.no_such_knob"):
+        load_config("conf/train.yaml", ["ppo.no_such_knob=1"])
+    with pytest.raises(ConfigError, match="group_size"):
+        load_config("conf/train.yaml", ["ppo.estimator=grpo"])
+
+
+def test_cli_rejects_a_bad_override_with_exit_2(capsys):
+    assert main(["train", "--config", "conf/train.yaml", "-o", "env.top_k=0"]) == 2
+    assert "env.top_k" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_evaluate_prints_metrics(data_dir, tmp_path, capsys):
+    cfg = tiny_config(data_dir, tmp_path / "run")
+    ws = Workspace.build(cfg)
+    warmup(cfg, ws)
+    code = main(["evaluate", "--checkpoint", str(tmp_path / "run" / "warmup"), "--data", str(data_dir),
+                 "--split", "test", "--out", str(tmp_path / "ev"), *sum((["-o", o] for o in TINY), [])])
+    assert code == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["greedy/n"] == 12.0 and "sampled/em" in metrics
+    assert (tmp_path / "ev" / "eval_test.json").exists()
