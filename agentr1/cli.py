@@ -154,11 +154,12 @@ def _setup_logging() -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from agentr1.config import load_config
-    from agentr1.trainer import train
+    from agentr1.trainer import STAGES, train
 
     cfg = load_config(args.config, args.override)
     _setup_logging()
-    _print_json(train(cfg))
+    stages = tuple(args.stage) if args.stage else STAGES
+    _print_json(train(cfg, stages=stages))
     return EXIT_OK
 
 
@@ -189,6 +190,8 @@ def _add_config_args(p: argparse.ArgumentParser, default: str | None) -> None:
 def _add_train(subparsers: argparse._SubParsersAction) -> None:
     train = subparsers.add_parser("train", help="warm-up + masked PPO + evaluation; prints a JSON summary")
     _add_config_args(train, "conf/train.yaml")
+    train.add_argument("--stage", action="append", choices=["warmup", "ppo", "evaluate"],
+                       help="run only this stage (repeatable; default: all, in order)")
     train.set_defaults(func=cmd_train)
 
 

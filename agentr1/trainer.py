@@ -289,6 +289,101 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     return out
 
 
+class PPOSession:
+    """The state of a PPO run between iterations, opened from disk and saved back.
+
+    Opens from ``output_dir/checkpoints/last`` when it exists (resume), else from the warm-up
+    checkpoint. One iteration is ``collect()`` -> (save / validate the rollouts elsewhere) ->
+    ``update(trajs)`` -> ``save()``; everything random in an iteration is seeded by
+    (seed, iteration), so stopping and reopening between iterations changes nothing.
+    """
+
+    def __init__(self, cfg: Config, ws: Workspace):
+        from models.chat import ChatFormat
+        from models.policy import load_actor_critic
+
+        self.cfg, self.ws = cfg, ws
+        out = Path(cfg.output_dir)
+        self.last = out / "checkpoints" / "last"
+        start_dir = self.last / ckpt.POLICY_DIR if self.last.exists() else out / "warmup"
+        model, self.tokenizer = load_actor_critic(start_dir, device=ws.device)
+        self.ref_model, _ = load_actor_critic(out / "warmup", device=ws.device)
+        self.ref_model.eval().requires_grad_(False)
+        self.chat = ChatFormat(self.tokenizer, ws.tools)
+        p = cfg.ppo
+        self.hp = ppo_hyper(cfg)
+        self.acc = make_accelerator(cfg, ws.device, p.mixed_precision, p.grad_accum)
+        optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=p.lr, weight_decay=0.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        self.iteration, self.history = 0, []
+        if self.last.exists():
+            state = ckpt.load_trainer_state(self.last)
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            ckpt.set_rng_state(state["rng"])
+            self.iteration = state["iteration"]
+            self.history = ckpt.load_state(self.last).get("history", [])
+            log.info("resuming PPO at iteration %d (%s)", self.iteration, self.last)
+        self.model, self.optimizer, self.scheduler = self.acc.prepare(model, optimizer, scheduler)
+        self.engine = make_engine(cfg, ws.env, self.policy, self.tokenizer, self.chat, ws.device)
+        self._t_offset = self.history[-1]["time/elapsed_s"] if self.history else 0.0
+        self._t_open = time.time()
+
+    @property
+    def policy(self):
+        """The unwrapped actor-critic (what is saved, evaluated and sampled from)."""
+        return self.acc.unwrap_model(self.model)
+
+    @property
+    def done(self) -> bool:
+        return self.iteration >= self.cfg.ppo.iterations
+
+    def collect(self) -> list[Trajectory]:
+        """Rollouts of the current policy for this iteration's questions."""
+        p = self.cfg.ppo
+        records, groups = iteration_records(self.ws.splits["train"], p.episodes_per_iter // p.group_size,
+                                            p.group_size, self.cfg.seed, self.iteration)
+        self.model.eval()
+        t0 = time.time()
+        trajs = self.engine.run(records, seed=self.cfg.seed * 7_777 + self.iteration, groups=groups)
+        self._t_rollout = time.time() - t0
+        return trajs
+
+    def update(self, trajs: list[Trajectory]) -> dict[str, float]:
+        """Score, compute advantages and update on ``trajs``; returns this iteration's metrics."""
+        p, it = self.cfg.ppo, self.iteration
+        batch = collate(trajs, self.chat.pad_token_id).to(self.ws.device)
+        t1 = time.time()
+        with self.acc.autocast():
+            scored, score_m = score_batch(self.model, self.ref_model, batch, self.hp)
+        self.model.train()
+        upd_m = ppo_update(self.model, self.optimizer, self.acc, batch, scored, self.hp,
+                           torch.Generator().manual_seed(self.cfg.seed * 31 + it))
+        self.scheduler.step()
+        self.model.eval()
+        t_upd = time.time() - t1
+        t_roll = getattr(self, "_t_rollout", 0.0)
+        metrics = {**rollout_metrics(trajs), **score_m, **upd_m,
+                   "perf/rollout_s": t_roll, "perf/update_s": t_upd, "perf/iter_s": t_roll + t_upd,
+                   "perf/rollout_action_tokens_per_s": sum(t.n_action_tokens for t in trajs) / max(t_roll, 1e-9),
+                   "perf/update_tokens_per_s": int(batch.attention_mask.sum()) * p.epochs / max(t_upd, 1e-9),
+                   "time/elapsed_s": self._t_offset + time.time() - self._t_open, "iteration": float(it + 1)}
+        self.history.append(metrics)
+        self.iteration += 1
+        log.info("iter %3d/%d  em %.3f  reward %.3f  kl %.4f  clip %.3f  ent %.3f  vf %.4f  %.1fs",
+                 it + 1, p.iterations, metrics["rollout/em"], metrics["reward/total"],
+                 metrics["actor/ref_kl"], metrics.get("actor/pg_clipfrac", 0), metrics.get("actor/entropy", 0),
+                 metrics.get("critic/vf_loss", 0), metrics["perf/iter_s"])
+        return metrics
+
+    def save(self) -> Path:
+        """Atomically write the checkpoint (policy, optimizer, scheduler, RNG, history)."""
+        from models.policy import save_actor_critic
+
+        return ckpt.save_checkpoint(self.last, lambda d: save_actor_critic(self.policy, self.tokenizer, d),
+                                    self.optimizer, self.scheduler, self.iteration, {"history": self.history})
+
+
 def train_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None,
               stop_after: int | None = None):
     """PPO iterations from the warm-up checkpoint (or the last checkpoint, to resume).
@@ -296,73 +391,16 @@ def train_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None,
     ``stop_after`` ends the run after that many iterations *in total* (used to test resuming).
     Returns (model, tokenizer, chat, history).
     """
-    from models.chat import ChatFormat
-    from models.policy import load_actor_critic, save_actor_critic
-
-    out = Path(cfg.output_dir)
-    last = out / "checkpoints" / "last"
-    start_dir = last / ckpt.POLICY_DIR if last.exists() else out / "warmup"
-    model, tokenizer = load_actor_critic(start_dir, device=ws.device)
-    ref_model, _ = load_actor_critic(out / "warmup", device=ws.device)
-    ref_model.eval().requires_grad_(False)
-    chat = ChatFormat(tokenizer, ws.tools)
-    p = cfg.ppo
-    hp = ppo_hyper(cfg)
-    acc = make_accelerator(cfg, ws.device, p.mixed_precision, p.grad_accum)
-    optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=p.lr, weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    start, history = 0, []
-    if last.exists():
-        state = ckpt.load_trainer_state(last)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        ckpt.set_rng_state(state["rng"])
-        start = state["iteration"]
-        history = ckpt.load_state(last).get("history", [])
-        log.info("resuming PPO from iteration %d (%s)", start, last)
-    model, optimizer, scheduler = acc.prepare(model, optimizer, scheduler)
-    engine = make_engine(cfg, ws.env, acc.unwrap_model(model), tokenizer, chat, ws.device)
-    n_questions = p.episodes_per_iter // p.group_size
-    end = p.iterations if stop_after is None else min(stop_after, p.iterations)
-    t_run = time.time() - (history[-1]["time/elapsed_s"] if history else 0.0)
-
-    def save(iteration: int) -> None:
-        ckpt.save_checkpoint(last, lambda d: save_actor_critic(acc.unwrap_model(model), tokenizer, d),
-                             optimizer, scheduler, iteration, {"history": history})
-
-    for it in range(start, end):
-        t0 = time.time()
-        records, groups = iteration_records(ws.splits["train"], n_questions, p.group_size, cfg.seed, it)
-        model.eval()
-        trajs = engine.run(records, seed=cfg.seed * 7_777 + it, groups=groups)
-        t_roll = time.time() - t0
-        batch = collate(trajs, chat.pad_token_id).to(ws.device)
-        with acc.autocast():
-            scored, score_m = score_batch(model, ref_model, batch, hp)
-        model.train()
-        t1 = time.time()
-        upd_m = ppo_update(model, optimizer, acc, batch, scored, hp,
-                           torch.Generator().manual_seed(cfg.seed * 31 + it))
-        scheduler.step()
-        t_upd = time.time() - t1
-        n_tokens = int(batch.attention_mask.sum())
-        metrics = {**rollout_metrics(trajs), **score_m, **upd_m,
-                   "perf/rollout_s": t_roll, "perf/update_s": t_upd, "perf/iter_s": time.time() - t0,
-                   "perf/rollout_action_tokens_per_s": sum(t.n_action_tokens for t in trajs) / max(t_roll, 1e-9),
-                   "perf/update_tokens_per_s": n_tokens * p.epochs / max(t_upd, 1e-9),
-                   "time/elapsed_s": time.time() - t_run, "iteration": float(it + 1)}
-        history.append(metrics)
-        log.info("iter %3d/%d  em %.3f  reward %.3f  kl %.4f  clip %.3f  ent %.3f  vf %.4f  %.1fs",
-                 it + 1, p.iterations, metrics["rollout/em"], metrics["reward/total"],
-                 metrics["actor/ref_kl"], metrics.get("actor/pg_clipfrac", 0), metrics.get("actor/entropy", 0),
-                 metrics.get("critic/vf_loss", 0), metrics["perf/iter_s"])
+    session = PPOSession(cfg, ws)
+    end = cfg.ppo.iterations if stop_after is None else min(stop_after, cfg.ppo.iterations)
+    every = cfg.ppo.checkpoint_every
+    while session.iteration < end:
+        metrics = session.update(session.collect())
         if log_metrics:
-            log_metrics(metrics, it + 1)
-        if p.checkpoint_every and ((it + 1) % p.checkpoint_every == 0 or it + 1 == end):
-            save(it + 1)
-    model = acc.unwrap_model(model)
-    model.eval()
-    return model, tokenizer, chat, history
+            log_metrics(metrics, session.iteration)
+        if every and (session.iteration % every == 0 or session.iteration == end):
+            session.save()
+    return session.policy, session.tokenizer, session.chat, session.history
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -389,40 +427,76 @@ def run_eval(cfg: Config, ws: Workspace, model, tokenizer, chat, tag: str, split
     return result
 
 
-def train(cfg: Config, log_metrics: MetricsFn | None = None) -> dict:
-    """The whole recipe; returns a summary with test EM before and after PPO."""
-    t0 = time.time()
-    ws = Workspace.build(cfg)
-    out = Path(cfg.output_dir)
-    if (out / "warmup" / "config.json").exists():
-        from models.chat import ChatFormat
-        from models.policy import load_actor_critic
+def _load_policy(cfg: Config, ws: Workspace, name: str):
+    from models.chat import ChatFormat
+    from models.policy import load_actor_critic
 
-        model, tokenizer = load_actor_critic(out / "warmup", device=ws.device)
-        chat = ChatFormat(tokenizer, ws.tools)
-        log.info("reusing the warm-up checkpoint in %s", out / "warmup")
+    model, tokenizer = load_actor_critic(Path(cfg.output_dir) / name, device=ws.device)
+    return model, tokenizer, ChatFormat(tokenizer, ws.tools)
+
+
+def stage_warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None) -> EvalResult:
+    """Warm up (unless ``warmup/`` exists) and evaluate the warmed-up policy."""
+    if (Path(cfg.output_dir) / "warmup" / "config.json").exists():
+        log.info("reusing the warm-up checkpoint in %s", Path(cfg.output_dir) / "warmup")
+        model, tokenizer, chat = _load_policy(cfg, ws, "warmup")
     else:
         model, tokenizer, chat = warmup(cfg, ws, log_metrics)
-    t_warm = time.time() - t0
-    before = run_eval(cfg, ws, model, tokenizer, chat, "warmup")
-    model, tokenizer, chat, history = train_ppo(cfg, ws, log_metrics)
-    t_ppo = time.time() - t0 - t_warm
+    return run_eval(cfg, ws, model, tokenizer, chat, "warmup")
+
+
+def stage_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None) -> list[dict]:
+    """PPO from the warm-up (resuming if a checkpoint exists); writes final/, metrics.jsonl and
+    learning_curve.png."""
+    from agentr1.plots import plot_learning_curve
     from models.policy import save_actor_critic
 
+    out = Path(cfg.output_dir)
+    model, tokenizer, _, history = train_ppo(cfg, ws, log_metrics)
     ckpt.atomic_dir(out / "final", lambda d: save_actor_critic(model, tokenizer, d))
-    after = run_eval(cfg, ws, model, tokenizer, chat, "final")
-    from agentr1.plots import plot_learning_curve
-
     if history:
         plot_learning_curve(history, out / "learning_curve.png", title=f"masked PPO ({cfg.ppo.estimator})")
     with open(out / "metrics.jsonl", "w") as f:
         for h in history:
             f.write(json.dumps(h) + "\n")
-    summary = {
-        "warmup": {k: v for k, v in before.metrics.items()},
-        "final": {k: v for k, v in after.metrics.items()},
-        "seconds": {"warmup": t_warm, "ppo": t_ppo, "total": time.time() - t0},
-        "output_dir": str(out),
-    }
+    return history
+
+
+def stage_evaluate(cfg: Config, ws: Workspace) -> dict:
+    """Evaluate final/ and write summary.json: test metrics before (warm-up) and after PPO."""
+    out = Path(cfg.output_dir)
+    after = run_eval(cfg, ws, *_load_policy(cfg, ws, "final"), "final")
+    before = json.loads((out / "eval_warmup.json").read_text())
+    summary = {"warmup": before, "final": after.metrics, "output_dir": str(out),
+               "gain": {k: after.metrics[k] - before[k] for k in ("greedy/em", "sampled/em", "greedy/f1", "sampled/f1")}}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    return summary
+
+
+STAGES = ("warmup", "ppo", "evaluate")
+
+
+def train(cfg: Config, log_metrics: MetricsFn | None = None, stages: tuple[str, ...] = STAGES) -> dict:
+    """The recipe, or some of its stages (``dvc.yaml`` runs them one by one); returns a
+    summary with test EM before and after PPO and the seconds each stage took."""
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        raise ValueError(f"unknown stage(s) {sorted(unknown)}; choose from {STAGES}")
+    ws = Workspace.build(cfg)
+    seconds: dict[str, float] = {}
+    summary: dict = {}
+    for stage in STAGES:
+        if stage not in stages:
+            continue
+        t0 = time.time()
+        if stage == "warmup":
+            summary["warmup"] = stage_warmup(cfg, ws, log_metrics).metrics
+        elif stage == "ppo":
+            summary["iterations"] = len(stage_ppo(cfg, ws, log_metrics))
+        else:
+            summary.update(stage_evaluate(cfg, ws))
+        seconds[stage] = time.time() - t0
+    summary["seconds"] = {**seconds, "total": sum(seconds.values())}
+    if "evaluate" in stages:
+        Path(cfg.output_dir, "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
     return summary
