@@ -1,0 +1,539 @@
+"""Data checks with Great Expectations: QA splits, the corpus, and each batch of rollouts.
+
+GX runs in-process on an ephemeral context; every data asset is a pandas dataframe and every
+suite is built here in code, once per process (module-level cache, GX is slow to import).
+
+Raw rows are never trusted to parse: a JSON-lines file is read line by line, a line that is
+not a JSON object becomes a failing row of its own (with its line number), and each field is
+turned into a *helper column* that is always computable (``question_len``, ``n_answers``,
+``n_missing_support``, ... with ``-1`` for a missing or mistyped field). The expectations run
+on the helper columns; a report then shows, for a few failing rows, the file, the line (or the
+Parquet row), the field a person has to fix and that field's raw value.
+
+    report = validate_qa_split("data/qa/train.jsonl", corpus_ids)
+    raise_on_failure(validate_dataset("data"))   # ValidationFailed: str() is the markdown report
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from agentr1.data.records import QA_DIR, available_splits, corpus_path, split_path
+
+DEFAULT_MAX_HOPS = 4
+DEFAULT_REWARD_BOUNDS = (-2.0, 3.0)
+SAMPLE_ROWS = 5
+"""Failing rows shown per failed expectation."""
+MAX_VALUE_CHARS = 120
+# log_softmax is <= 0 up to float32 rounding.
+LOGPROB_TOL = 1e-4
+MISSING = "<missing>"
+INDEX = "_i"  # positional row index; GX returns it for every failing row
+DATASET_SOURCE = f"{QA_DIR}/*.jsonl"
+
+
+# ---------------------------------------------------------------- reports
+
+
+@dataclass
+class ValidationReport:
+    """Outcome of one suite on one source.
+
+    ``failures``: one dict per failed expectation with keys ``check``, ``rule`` (in words),
+    ``expectation`` (GX type), ``column`` (the checked helper column), ``field`` (what to fix),
+    ``observed`` (e.g. "2 of 200 rows (1.0%)"), ``unexpected_count`` and ``rows``: a sample of
+    failing rows, each ``{"file", "line" | "row", "id", "field", "value"}``.
+    """
+
+    suite: str
+    success: bool
+    n_rows: int
+    failures: list[dict] = field(default_factory=list)
+    source: str = ""
+    n_checks: int = 0
+
+    def to_markdown(self) -> str:
+        where = f" on `{self.source}`" if self.source else ""
+        if self.success:
+            return f"### Validation passed: `{self.suite}`{where} ({self.n_rows} rows, {self.n_checks} checks)\n"
+        lines = [f"### Validation FAILED: `{self.suite}`{where} ({self.n_rows} rows)", "",
+                 f"{len(self.failures)} of {self.n_checks} checks failed.", ""]
+        for k, f in enumerate(self.failures, start=1):
+            lines += _failure_markdown(k, f)
+        return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _failure_markdown(k: int, f: dict) -> list[str]:
+    column = f" on column `{f['column']}`" if f.get("column") else ""
+    out = [f"**{k}. {f['rule']}**: field `{f['field']}`, {f['observed']}  ",
+           f"(`{f['expectation']}`{column})", ""]
+    if f["rows"]:
+        out += ["| where | id | field | value |", "|---|---|---|---|"]
+        for r in f["rows"]:
+            where = f"{r['file']}:{r['line']}" if "line" in r else f"{r['file']} row {r['row']}"
+            out.append(f"| {_cell(where)} | {_cell(r['id'])} | {_cell(r['field'])} | {_cell(r['value'])} |")
+        if f["unexpected_count"] > len(f["rows"]):
+            out.append(f"\n... and {f['unexpected_count'] - len(f['rows'])} more rows")
+        out.append("")
+    return out
+
+
+class ValidationFailed(Exception):
+    """A suite failed; ``str(e)`` is the report's markdown."""
+
+    def __init__(self, report: ValidationReport):
+        self.report = report
+        super().__init__(report.to_markdown())
+
+
+def raise_on_failure(reports: Iterable[ValidationReport]) -> None:
+    """Raise ``ValidationFailed`` with the first failing report; return quietly if all passed."""
+    for report in reports:
+        if not report.success:
+            raise ValidationFailed(report)
+
+
+def summary_markdown(reports: Iterable[ValidationReport]) -> str:
+    """Every report's markdown, failures first (for one artifact covering a whole dataset)."""
+    ordered = sorted(reports, key=lambda r: r.success)
+    return "\n".join(r.to_markdown() for r in ordered)
+
+
+# ---------------------------------------------------------------- checks (declarative)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One expectation on a helper column, with the words a report uses for it."""
+
+    name: str          # unique within a suite; stored in the expectation's meta
+    rule: str          # what must hold, in words; ``{param}`` placeholders are filled in
+    field: str         # the field of the raw data a person fixes
+    show: str          # frame column displayed as the failing row's value
+    expectation: str   # class name in ``great_expectations.expectations``
+    kwargs: dict
+
+
+def _param(name: str) -> dict:
+    """A suite parameter, filled in at validation time (suites are built once)."""
+    return {"$PARAMETER": name}
+
+
+def _between(name: str, rule: str, field_: str, column: str, show: str, lo: Any = None, hi: Any = None) -> Check:
+    return Check(name, rule, field_, show, "ExpectColumnValuesToBeBetween",
+                 {"column": column, "min_value": lo, "max_value": hi})
+
+
+def _zero(name: str, rule: str, field_: str, column: str, show: str) -> Check:
+    return _between(name, rule, field_, column, show, 0, 0)
+
+
+def _has_rows(what: str) -> Check:
+    return Check("has_rows", f"the {what} has at least one row", "(file)", "", "ExpectTableRowCountToBeBetween",
+                 {"min_value": 1})
+
+
+def _record_checks(what: str) -> list[Check]:
+    """Rows parse, ids are present and unique: shared by QA splits and the corpus."""
+    return [
+        _has_rows("file"),
+        Check("json", "each line is a JSON object", "(line)", "parse_error", "ExpectColumnValuesToBeNull",
+              {"column": "parse_error"}),
+        _between("id_present", "id is a non-empty string", "id", "id_len", "v_id", lo=1),
+        Check("id_unique", f"{what} ids are unique within the file", "id", "v_id", "ExpectColumnValuesToBeUnique",
+              {"column": "id"}),
+    ]
+
+
+QA_CHECKS = _record_checks("record") + [
+    _between("question", "question is a non-empty string", "question", "question_len", "v_question", lo=1),
+    _between("answers_present", "answers is a non-empty list", "answers", "n_answers", "v_answers", lo=1),
+    _zero("answers_text", "every answer is a non-empty string", "answers", "n_bad_answers", "v_answers"),
+    _zero("support", "every supporting_docs id is a doc id of the corpus", "supporting_docs",
+          "n_missing_support", "v_missing_support"),
+    _between("hops", "hops is an integer in [1, {max_hops}]", "hops", "hops", "v_hops", 1, _param("max_hops")),
+    _between("source", "source is a non-empty string", "source", "source_len", "v_source", lo=1),
+]
+
+CORPUS_CHECKS = _record_checks("document") + [
+    _between("title", "title is a non-empty string", "title", "title_len", "v_title", lo=1),
+    _between("text", "text is a non-empty string", "text", "text_len", "v_text", lo=1),
+]
+
+DATASET_CHECKS = [
+    _has_rows("dataset (all QA splits together)"),
+    Check("id_unique_across", "record ids are unique across all splits", "id", "v_id",
+          "ExpectColumnValuesToBeUnique", {"column": "id"}),
+]
+
+ROLLOUT_CHECKS = [
+    _has_rows("batch"),
+    _zero("lengths", "token_ids, action_mask and rollout_logprobs have the same length",
+          "token_ids/action_mask/rollout_logprobs", "length_mismatch", "v_lengths"),
+    _zero("mask_values", "action_mask holds only 0 and 1", "action_mask", "n_bad_mask_values", "v_mask"),
+    _zero("prompt_masked", "no action token inside the prompt (action_mask[:prompt_len] == 0)", "action_mask",
+          "n_prompt_actions", "v_mask"),
+    _between("has_action", "each episode has at least one action token (action_mask == 1)", "action_mask",
+             "n_action", "v_mask", lo=1),
+    _between("max_length", "sequence length len(token_ids) <= {max_length}", "token_ids", "seq_len", "v_lengths",
+             hi=_param("max_length")),
+    _zero("rewards_finite", "outcome_reward and process_rewards are finite (no NaN / inf)",
+          "outcome_reward/process_rewards", "n_nonfinite_rewards", "v_rewards"),
+    _between("outcome_bounds", "outcome_reward is in [{reward_lo}, {reward_hi}]", "outcome_reward",
+             "outcome_reward", "v_rewards", _param("reward_lo"), _param("reward_hi")),
+    _between("process_low", "every process reward is >= {reward_lo}", "process_rewards", "process_min", "v_rewards",
+             lo=_param("reward_lo")),
+    _between("process_high", "every process reward is <= {reward_hi}", "process_rewards", "process_max",
+             "v_rewards", hi=_param("reward_hi")),
+    _zero("turns", "one process reward per turn (len(process_rewards) == len(turn_ends))", "process_rewards",
+          "turn_mismatch", "v_turns"),
+    _zero("turn_ends", "every turn_ends index points at an action token of the sequence", "turn_ends",
+          "n_bad_turn_ends", "v_turns"),
+    _zero("logprobs", "rollout_logprobs of action tokens are finite and <= 0", "rollout_logprobs",
+          "n_bad_logprobs", "v_logprobs"),
+]
+
+SUITES: dict[str, list[Check]] = {
+    "qa_split": QA_CHECKS, "corpus": CORPUS_CHECKS, "qa_dataset": DATASET_CHECKS, "rollouts": ROLLOUT_CHECKS,
+}
+
+
+# ---------------------------------------------------------------- GX, once per process
+
+
+@dataclass
+class _Gx:
+    context: Any
+    batch_definitions: dict[str, Any]
+    suites: dict[str, Any]
+
+
+_GX: _Gx | None = None
+# GX contexts are not thread-safe; Prefect may run tasks in threads.
+_LOCK = threading.Lock()
+
+
+def _build_gx() -> _Gx:
+    # No network on the training machines: GX must not try to send usage statistics.
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    # tqdm bars from every metric computation would flood test output and Prefect logs.
+    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
+    source = context.data_sources.add_pandas("agentr1")
+    batch_definitions, suites = {}, {}
+    for name, checks in SUITES.items():
+        asset = source.add_dataframe_asset(name)
+        batch_definitions[name] = asset.add_batch_definition_whole_dataframe(name)
+        suite = gx.ExpectationSuite(name=name)
+        for c in checks:
+            suite.add_expectation(getattr(gx.expectations, c.expectation)(**c.kwargs, meta={"check": c.name}))
+        suites[name] = context.suites.add(suite)
+    return _Gx(context, batch_definitions, suites)
+
+
+def _run_gx(suite: str, frame: pd.DataFrame, params: dict) -> Any:
+    """GX's validation result for ``frame``; failing rows are identified by the ``_i`` column."""
+    global _GX
+    result_format = {"result_format": "SUMMARY", "unexpected_index_column_names": [INDEX],
+                     "partial_unexpected_count": SAMPLE_ROWS, "return_unexpected_index_query": False}
+    with _LOCK:
+        if _GX is None:
+            _GX = _build_gx()
+        batch = _GX.batch_definitions[suite].get_batch(batch_parameters={"dataframe": frame})
+        return batch.validate(_GX.suites[suite], expectation_parameters=params, result_format=result_format)
+
+
+# ---------------------------------------------------------------- results -> report
+
+
+def _failure(check: Check, gx_result: Any, frame: pd.DataFrame, params: dict) -> dict:
+    res = dict(gx_result.result or {})
+    exc = gx_result.exception_info or {}
+    if exc.get("raised_exception"):
+        observed, count = f"the expectation raised: {exc.get('exception_message')}", 0
+    elif "unexpected_count" in res:
+        count, total = int(res["unexpected_count"]), int(res.get("element_count") or 0)
+        observed = f"{count} of {total} rows fail ({100 * count / max(total, 1):.1f}%)"
+    else:
+        observed, count = f"observed {res.get('observed_value')}", 0
+    indices = [int(d[INDEX]) for d in res.get("partial_unexpected_index_list") or []][:SAMPLE_ROWS]
+    return {"check": check.name, "rule": check.rule.format(**params), "expectation": gx_result.expectation_config.type,
+            "column": check.kwargs.get("column"), "field": check.field, "observed": observed,
+            "unexpected_count": count, "rows": [_row_sample(frame, i, check) for i in indices]}
+
+
+def _row_sample(frame: pd.DataFrame, i: int, check: Check) -> dict:
+    row = frame.iloc[i]
+    loc = {"line": int(row["line"])} if "line" in frame.columns else {"row": int(row["row"])}
+    return {"file": row["file"], **loc, "id": row["rid"], "field": check.field, "value": row[check.show]}
+
+
+def _validate(suite: str, frame: pd.DataFrame, source: str, params: dict) -> ValidationReport:
+    checks = {c.name: c for c in SUITES[suite]}
+    result = _run_gx(suite, frame, params)
+    failures = [_failure(checks[r.expectation_config.meta["check"]], r, frame, params)
+                for r in result.results if not r.success]
+    order = list(checks)
+    failures.sort(key=lambda f: order.index(f["check"]))
+    return ValidationReport(suite, not failures, len(frame), failures, source, len(checks))
+
+
+def _unreadable(suite: str, source: str, message: str) -> ValidationReport:
+    """A source GX cannot even look at (missing file, not Parquet, columns absent)."""
+    failure = {"check": "readable", "rule": "the source exists and can be read", "expectation": "(read)",
+               "column": None, "field": "(file)", "observed": message, "unexpected_count": 0, "rows": []}
+    return ValidationReport(suite, False, 0, [failure], source, 1)
+
+
+# ---------------------------------------------------------------- JSON lines -> frames
+
+
+_ABSENT = object()  # a key missing from a JSON object (distinct from an explicit null)
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_VALUE_CHARS else text[: MAX_VALUE_CHARS - 3] + "..."
+
+
+def _show(value: Any) -> str:
+    """A raw JSON value as a report shows it (repr, so that '' and None stay visible)."""
+    return _clip(MISSING if value is _ABSENT else repr(value))
+
+
+def _fmt(values: np.ndarray) -> str:
+    # float32 columns read back as float64: 6 significant digits hide the rounding noise.
+    return "[" + ", ".join(f"{v:.6g}" for v in values.tolist()) + "]"
+
+
+def _text_len(obj: dict, key: str) -> int:
+    """Length of a stripped string field; -1 when missing or not a string."""
+    value = obj.get(key)
+    return len(value.strip()) if isinstance(value, str) else -1
+
+
+def _read_lines(path: Path) -> list[tuple[int, Any, str | None]]:
+    """(line number, JSON object or None, parse error or None) for every non-blank line."""
+    out = []
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            out.append((number, None, f"not UTF-8 ({e.reason} at byte {e.start})"))
+            continue
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            out.append((number, None, f"not valid JSON ({e.msg} at column {e.colno})"))
+            continue
+        error = None if isinstance(obj, dict) else f"expected a JSON object, got {type(obj).__name__}"
+        out.append((number, obj if error is None else None, error))
+    return out
+
+
+def _id_columns(obj: dict) -> dict:
+    rid = obj.get("id")
+    return {"id": rid if isinstance(rid, str) else None, "id_len": _text_len(obj, "id"),
+            "v_id": _show(obj.get("id", _ABSENT)), "rid": rid if isinstance(rid, str) else ""}
+
+
+def _jsonl_frame(path: Path, derive: Callable[[dict], dict], columns: list[str]) -> pd.DataFrame:
+    """One row per non-blank line; helper columns stay NaN on lines that did not parse (GX skips them)."""
+    rows = []
+    for i, (line, obj, error) in enumerate(_read_lines(path)):
+        row = {INDEX: i, "file": str(path), "line": line, "parse_error": error, "rid": ""}
+        if obj is not None:
+            row.update(_id_columns(obj))
+            row.update(derive(obj))
+        rows.append(row)
+    base = [INDEX, "file", "line", "parse_error", "id", "id_len", "v_id", "rid"]
+    return pd.DataFrame.from_records(rows, columns=base + columns)
+
+
+def _qa_columns(obj: dict, corpus_ids: set[str]) -> dict:
+    answers, support, hops = obj.get("answers", _ABSENT), obj.get("supporting_docs", _ABSENT), obj.get("hops", _ABSENT)
+    if isinstance(support, list):
+        missing = [d for d in support if not isinstance(d, str) or d not in corpus_ids]
+        shown_support = f"not in the corpus: {_show(missing)}" if missing else _show(support)
+    else:
+        missing, shown_support = [support], f"not a list: {_show(support)}"
+    return {
+        "question_len": _text_len(obj, "question"), "v_question": _show(obj.get("question", _ABSENT)),
+        "n_answers": len(answers) if isinstance(answers, list) else -1,
+        "n_bad_answers": sum(not (isinstance(a, str) and a.strip()) for a in answers) if isinstance(answers, list) else 0,
+        "v_answers": _show(answers),
+        "n_missing_support": len(missing), "v_missing_support": shown_support,
+        # bool is an int subclass; `true` is not a hop count.
+        "hops": hops if isinstance(hops, int) and not isinstance(hops, bool) else -1, "v_hops": _show(hops),
+        "source_len": _text_len(obj, "source"), "v_source": _show(obj.get("source", _ABSENT)),
+    }
+
+
+QA_COLUMNS = ["question_len", "v_question", "n_answers", "n_bad_answers", "v_answers", "n_missing_support",
+              "v_missing_support", "hops", "v_hops", "source_len", "v_source"]
+
+
+def _doc_columns(obj: dict) -> dict:
+    return {"title_len": _text_len(obj, "title"), "v_title": _show(obj.get("title", _ABSENT)),
+            "text_len": _text_len(obj, "text"), "v_text": _show(obj.get("text", _ABSENT))}
+
+
+DOC_COLUMNS = ["title_len", "v_title", "text_len", "v_text"]
+
+
+def _read_error(path: Path) -> str | None:
+    if not path.is_file():
+        return f"{path}: no such file"
+    if not os.access(path, os.R_OK):
+        return f"{path}: not readable"
+    return None
+
+
+# ---------------------------------------------------------------- public: datasets
+
+
+def _qa_frame(path: Path, corpus_ids: set[str]) -> pd.DataFrame:
+    return _jsonl_frame(path, lambda obj: _qa_columns(obj, corpus_ids), QA_COLUMNS)
+
+
+def _corpus_frame(path: Path) -> pd.DataFrame:
+    return _jsonl_frame(path, _doc_columns, DOC_COLUMNS)
+
+
+def validate_qa_split(path: str | os.PathLike, corpus_ids: set[str],
+                      max_hops: int = DEFAULT_MAX_HOPS) -> ValidationReport:
+    """QA records of one JSON-lines file: see ``QA_CHECKS``."""
+    path = Path(path)
+    if (error := _read_error(path)) is not None:
+        return _unreadable("qa_split", str(path), error)
+    return _validate("qa_split", _qa_frame(path, corpus_ids), str(path), {"max_hops": max_hops})
+
+
+def validate_corpus(path: str | os.PathLike) -> ValidationReport:
+    """Documents of one JSON-lines file: see ``CORPUS_CHECKS``."""
+    return _validate_corpus(Path(path))[0]
+
+
+def _validate_corpus(path: Path) -> tuple[ValidationReport, set[str]]:
+    """The corpus report and the doc ids found (empty when the file cannot be read)."""
+    if (error := _read_error(path)) is not None:
+        return _unreadable("corpus", str(path), error), set()
+    frame = _corpus_frame(path)
+    ids = {i for i in frame["id"] if isinstance(i, str)}
+    return _validate("corpus", frame, str(path), {}), ids
+
+
+def _dataset_frame(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """(file, line, id) of every parsed QA row of every split, for the across-split checks."""
+    cols = [INDEX, "file", "line", "id", "v_id", "rid"]
+    parts = [f[cols] for f in frames if len(f)]
+    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+    frame[INDEX] = range(len(frame))
+    return frame
+
+
+def validate_dataset(data_dir: str | os.PathLike, max_hops: int = DEFAULT_MAX_HOPS) -> list[ValidationReport]:
+    """The corpus, every split under DIR/qa, and record ids across splits (in that order)."""
+    corpus_report, corpus_ids = _validate_corpus(corpus_path(data_dir))
+    reports, frames = [corpus_report], []
+    for split in available_splits(data_dir):
+        path = split_path(data_dir, split)
+        frames.append(_qa_frame(path, corpus_ids))
+        reports.append(_validate("qa_split", frames[-1], str(path), {"max_hops": max_hops}))
+    source = str(Path(data_dir) / DATASET_SOURCE)
+    reports.append(_validate("qa_dataset", _dataset_frame(frames), source, {}))
+    return reports
+
+
+# ---------------------------------------------------------------- public: rollouts
+
+
+ROLLOUT_REQUIRED = ("record_id", "token_ids", "action_mask", "rollout_logprobs", "prompt_len", "turn_ends",
+                    "process_rewards", "outcome_reward")
+
+
+def _floats(values: list | None) -> np.ndarray:
+    return np.asarray([math.nan if v is None else v for v in values or []], dtype=np.float64)
+
+
+def _ints(values: list | None) -> np.ndarray:
+    # A null inside a list is not a valid mask value: -1 makes it fail the 0/1 check.
+    return np.asarray([-1 if v is None else v for v in values or []], dtype=np.int64)
+
+
+def _episode_columns(r: dict) -> dict:
+    """Helper and display columns of one episode (row of the rollout table)."""
+    tok, mask, lp = r["token_ids"] or [], _ints(r["action_mask"]), _floats(r["rollout_logprobs"])
+    ends, proc = _ints(r["turn_ends"]), _floats(r["process_rewards"])
+    prompt_len = int(r["prompt_len"] or 0)
+    outcome = math.nan if r["outcome_reward"] is None else float(r["outcome_reward"])
+    rewards = np.append(proc, outcome)
+    finite = proc[np.isfinite(proc)]
+    n = len(tok)
+    # Turn ends must land inside the sequence, on a sampled token (where the reward goes).
+    inside = ends[(ends >= prompt_len) & (ends < min(n, len(mask)))]
+    n_bad_ends = len(ends) - len(inside) + int(np.sum(mask[inside] != 1))
+    acting = np.flatnonzero(mask[: len(lp)] == 1)
+    bad_lp = acting[~(np.isfinite(lp[acting]) & (lp[acting] <= LOGPROB_TOL))]
+    return {
+        "length_mismatch": max(abs(len(mask) - n), abs(len(lp) - n)), "seq_len": n,
+        "v_lengths": f"token_ids={n}, action_mask={len(mask)}, rollout_logprobs={len(lp)}",
+        "n_bad_mask_values": int(np.sum((mask != 0) & (mask != 1))),
+        "n_prompt_actions": int(np.sum(mask[:prompt_len] != 0)), "n_action": int(np.sum(mask == 1)),
+        "v_mask": f"prompt_len={prompt_len}, action tokens={int(np.sum(mask == 1))}, "
+                  f"values={sorted(set(mask.tolist()))}",
+        "n_nonfinite_rewards": int(np.sum(~np.isfinite(rewards))),
+        "outcome_reward": outcome,
+        "process_min": float(finite.min()) if len(finite) else math.nan,
+        "process_max": float(finite.max()) if len(finite) else math.nan,
+        "v_rewards": _clip(f"outcome={outcome:.6g}, process={_fmt(proc)}"),
+        "turn_mismatch": abs(len(proc) - len(ends)), "n_bad_turn_ends": n_bad_ends,
+        "v_turns": _clip(f"prompt_len={prompt_len}, turn_ends={ends.tolist()}, process_rewards={len(proc)}"),
+        "n_bad_logprobs": len(bad_lp),
+        "v_logprobs": _clip(", ".join(f"position {j}: {lp[j]:.6g}" for j in bad_lp.tolist())),
+    }
+
+
+def _rollout_frame(table: pa.Table, source: str) -> pd.DataFrame:
+    rows = []
+    for i, r in enumerate(table.select(list(ROLLOUT_REQUIRED)).to_pylist()):
+        rows.append({INDEX: i, "file": source, "row": i, "rid": r["record_id"] or "", **_episode_columns(r)})
+    # Columns named explicitly so that an empty batch still has them (and fails only has_rows).
+    columns = [INDEX, "file", "row", "rid", *_episode_columns(dict.fromkeys(ROLLOUT_REQUIRED))]
+    return pd.DataFrame.from_records(rows, columns=columns)
+
+
+def validate_rollouts(path_or_table: str | os.PathLike | pa.Table, max_length: int,
+                      reward_bounds: tuple[float, float] = DEFAULT_REWARD_BOUNDS) -> ValidationReport:
+    """One batch of rollouts (a Parquet file written by ``agentr1.rollout.store`` or its table)."""
+    if isinstance(path_or_table, pa.Table):
+        table, source = path_or_table, "<table>"
+    else:
+        source = str(path_or_table)
+        try:
+            table = pq.read_table(path_or_table)
+        except (OSError, pa.ArrowException) as e:
+            return _unreadable("rollouts", source, f"{source}: cannot read as Parquet ({e})")
+    missing = [c for c in ROLLOUT_REQUIRED if c not in table.column_names]
+    if missing:
+        return _unreadable("rollouts", source, f"{source}: required columns missing: {missing}")
+    params = {"max_length": max_length, "reward_lo": reward_bounds[0], "reward_hi": reward_bounds[1]}
+    return _validate("rollouts", _rollout_frame(table, source), source, params)
