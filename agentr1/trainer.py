@@ -40,7 +40,7 @@ from agentr1.evaluate import EvalResult, evaluate, render_trajectory
 from agentr1.rl.ppo import PPOHyper, ppo_update, score_batch
 from agentr1.rl.sft import pad_episodes, sft_loss
 from agentr1.rollout.backend import HFBackend
-from agentr1.rollout.batch import collate
+from agentr1.rollout.batch import collate, length_bucketed_batches
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings, Trajectory
 
 log = logging.getLogger("agentr1.train")
@@ -218,14 +218,13 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     model, optimizer, scheduler = acc.prepare(model, optimizer, scheduler)
     model.train()
     gen = torch.Generator().manual_seed(cfg.seed)
-    order = torch.randperm(len(episodes), generator=gen).tolist()
-    cursor = 0
+    batches = iter(())
     bar = tqdm(range(cfg.sft.steps), desc="warm-up", mininterval=5, disable=None)
     for step in bar:
-        if cursor + cfg.sft.batch_size > len(order):
-            order, cursor = torch.randperm(len(episodes), generator=gen).tolist(), 0
-        idx = order[cursor : cursor + cfg.sft.batch_size]
-        cursor += cfg.sft.batch_size
+        idx = next(batches, None)
+        if idx is None:
+            batches = iter(length_bucketed_batches([len(e[0]) for e in episodes], cfg.sft.batch_size, gen))
+            idx = next(batches)
         ids, attn, target = (x.to(ws.device) for x in pad_episodes([episodes[i] for i in idx], chat.pad_token_id))
         with acc.autocast():
             loss, metrics = sft_loss(model, ids, attn, target)

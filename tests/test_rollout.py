@@ -155,3 +155,16 @@ def test_sample_next_is_per_row_seeded_and_respects_top_p():
     assert len({int(i[1]) for i in ids}) == 1  # row 1 always has the same seed
     greedy, lp = sample_next(logits, SamplingSpec(1, (), temperature=0.0), [None, None])
     assert greedy.tolist() == [1, 0] and torch.all(lp <= 0)
+
+
+def test_length_bucketed_batches_cover_every_episode_once_with_similar_lengths():
+    from agentr1.rollout.batch import length_bucketed_batches
+
+    lengths = [((i * 37) % 300) + 50 for i in range(203)]
+    batches = length_bucketed_batches(lengths, 16, torch.Generator().manual_seed(0), bucket=4)
+    assert sorted(i for b in batches for i in b) == list(range(203))
+    assert all(1 <= len(b) <= 16 for b in batches)
+    spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) / len(batches)
+    assert spread < 100  # random batches of 16 would span ~250 tokens
+    again = length_bucketed_batches(lengths, 16, torch.Generator().manual_seed(0), bucket=4)
+    assert batches == again

@@ -32,7 +32,7 @@ from agentr1.rl.core import (
     rloo_advantages,
     value_loss,
 )
-from agentr1.rollout.batch import RolloutBatch
+from agentr1.rollout.batch import RolloutBatch, length_bucketed_batches
 
 
 @dataclass(frozen=True)
@@ -125,28 +125,31 @@ def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Score
     loss_mask_full = batch.action_mask if hp.loss_mask else batch.response_mask
     totals: dict[str, float] = {}
     n_updates = 0
-    B = len(batch)
+    lengths = batch.attention_mask.sum(dim=1).tolist()
     for _ in range(hp.epochs):
-        order = torch.randperm(B, generator=generator)
-        for start in range(0, B, hp.minibatch_size):
-            idx = order[start : start + hp.minibatch_size]
-            mask = loss_mask_full[idx]
+        # Minibatches of similar lengths, each cut to its own longest sequence: padding to the
+        # batch's longest episode wasted about a third of the update's compute.
+        for mb in length_bucketed_batches(lengths, hp.minibatch_size, generator, bucket=len(lengths)):
+            idx = torch.tensor(mb)
+            L = max(lengths[i] for i in mb)
+            mask = loss_mask_full[idx, : L - 1]
             if mask.sum() == 0:  # nothing to learn from: an optimizer step would only decay weights
                 continue
+            cut = lambda x: x[idx, : L - 1]  # noqa: E731 - per-token tensors of this minibatch
             with accelerator.accumulate(model), accelerator.autocast():
                 logp, values, ent = forward_tokens(
-                    model, batch.input_ids[idx], batch.attention_mask[idx], hp.temperature, with_entropy=True
+                    model, batch.input_ids[idx, :L], batch.attention_mask[idx, :L], hp.temperature, with_entropy=True
                 )
-                pg, pg_m = policy_loss(logp, scored.old_logp[idx], scored.advantages[idx], mask,
+                pg, pg_m = policy_loss(logp, cut(scored.old_logp), cut(scored.advantages), mask,
                                        hp.clip_eps, None, hp.dual_clip_c)
-                kl = masked_mean(kl_penalty(logp, scored.ref_logp[idx], hp.kl_kind, hp.kl_clamp), mask)
+                kl = masked_mean(kl_penalty(logp, cut(scored.ref_logp), hp.kl_kind, hp.kl_clamp), mask)
                 entropy = masked_mean(ent, mask)
                 loss = pg - hp.entropy_coef * entropy
                 if not hp.kl_in_reward:
                     loss = loss + hp.kl_coef * kl
                 vf_m: dict[str, float] = {}
                 if use_critic:
-                    vf, vf_m = value_loss(values, scored.old_values[idx], scored.returns[idx], mask, hp.vf_clip)
+                    vf, vf_m = value_loss(values, cut(scored.old_values), cut(scored.returns), mask, hp.vf_clip)
                     loss = loss + hp.vf_coef * vf
                 accelerator.backward(loss)
                 grad_norm = None

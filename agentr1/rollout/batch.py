@@ -71,3 +71,20 @@ def collate(trajs: list[Trajectory], pad_token_id: int) -> RolloutBatch:
         group_ids=torch.tensor([t.group for t in trajs], dtype=torch.long),
         scores=torch.tensor([t.outcome_reward + sum(t.process_rewards) for t in trajs]),
     )
+
+
+def length_bucketed_batches(lengths: list[int], batch_size: int, gen: torch.Generator,
+                            bucket: int = 32) -> list[list[int]]:
+    """One epoch of batches whose members have similar lengths, in random order.
+
+    Episodes run from ~130 tokens (1 hop) to ~400 (3 hops); padding every batch to its longest
+    member wasted about 40% of the warm-up's compute. Shuffle, sort within windows of
+    ``bucket`` batches, cut into batches, shuffle the batches.
+    """
+    order = torch.randperm(len(lengths), generator=gen).tolist()
+    window = batch_size * bucket
+    batches = []
+    for start in range(0, len(order), window):
+        chunk = sorted(order[start : start + window], key=lambda i: lengths[i])
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+    return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
