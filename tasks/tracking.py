@@ -1,0 +1,498 @@
+"""The one thin MLflow module: runs, params, metrics, datasets, artifacts, the policy model
+and its registry entry. Everything else logs through here.
+
+Every function takes an explicit ``run_id`` and logs with ``MlflowClient``: MLflow's "active
+run" is thread-local, and Prefect runs tasks in worker threads, so nothing here relies on it.
+A run started in one thread can be logged to, or be the parent of a nested run, from any other.
+
+Store: ``MLFLOW_TRACKING_URI`` when set, else ``sqlite:///mlflow.db`` in the current working
+directory (MLflow 3 refuses the old ``./mlruns`` file store). With a SQLite store the
+artifacts of experiment ``E`` live in ``<db dir>/mlartifacts/E``; with a server, where the
+server puts them.
+"""
+from __future__ import annotations
+
+import functools
+import getpass
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import subprocess
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import mlflow
+import pandas as pd
+import yaml
+from mlflow import MlflowClient
+from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.utils.mlflow_tags import (
+    MLFLOW_DATASET_CONTEXT,
+    MLFLOW_GIT_COMMIT,
+    MLFLOW_PARENT_RUN_ID,
+    MLFLOW_USER,
+)
+
+from agentr1.config import Config, config_hash, flatten
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+log = logging.getLogger(__name__)
+
+# One experiment per flow kind.
+EXPERIMENTS = {
+    "pipeline": "agentr1-pipeline",
+    "retrain": "agentr1-retrain",
+    "ablation": "agentr1-ablation",
+    "evaluate": "agentr1-evaluate",
+}
+MODEL_NAME = "agentr1-policy"
+CHAMPION = "champion"
+DEFAULT_DB = "mlflow.db"
+ARTIFACTS_DIR = "mlartifacts"
+
+# MLflow's own limits (mlflow.utils.validation); longer values are rejected, not cut.
+MAX_KEY_CHARS = 250
+MAX_PARAM_CHARS = 6000
+MAX_TAG_CHARS = 8000
+MAX_METRICS_PER_BATCH = 1000
+MAX_PARAMS_PER_BATCH = 100
+MAX_DIGEST_CHARS = 36
+MAX_INPUT_TAG_CHARS = 500
+TRUNCATED = "...[truncated]"
+KEY_HASH_CHARS = 8  # suffix that keeps two long keys sharing a prefix apart after cutting
+ILLEGAL_KEY_CHARS = re.compile(r"[^\w\-. /:]")  # MLflow allows alphanumerics, _ - . space / :
+
+# Tags every tracked run may carry (besides MLflow's own).
+TAG_CONFIG_HASH = "config_hash"
+TAG_DATA_HASH = "dvc_data_hash"
+TAG_ROLLOUT_VERSION = "rollout_dataset_version"
+TAG_NONFINITE = "nonfinite"  # prefix: "nonfinite/<metric key>" -> "nan at step 3"
+
+CONFIG_ARTIFACT = "config/config.yaml"
+DATASET_SAMPLE_ROWS = 1000  # rows read for a dataset's schema and profile; the digest covers the file
+SYSTEM_METRICS_INTERVAL_S = 10.0
+
+# The policy as an MLflow model.
+POLICY_ARTIFACT = "policy"
+PREDICT_BATCH = 16
+MODEL_REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "pandas", "mlflow")
+ADAPTER_CONFIG_FILE = "adapter_config.json"  # models.policy's name for it (not imported: torch)
+USER_TEMPLATE = "Question: {question}"  # mirrors QAEnv.user_prompt (tests check they agree)
+
+
+# -- store -----------------------------------------------------------------------------------
+def tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db``."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / DEFAULT_DB}"
+
+
+def client() -> MlflowClient:
+    """A client on :func:`tracking_uri`; also points MLflow's global URI there, so its fluent
+    helpers (model logging, registration, ``pyfunc.load_model``) see the same store."""
+    uri = tracking_uri()
+    if mlflow.get_tracking_uri() != uri:
+        mlflow.set_tracking_uri(uri)
+    return _client(uri)
+
+
+@functools.lru_cache(maxsize=4)
+def _client(uri: str) -> MlflowClient:
+    # Opening a SQLite store checks its schema (seconds the first time): once per URI.
+    with _quiet(".*``noload`` loader strategy is deprecated"):  # MLflow's own SQLAlchemy usage
+        return MlflowClient(tracking_uri=uri)
+
+
+class _DropMatching(logging.Filter):
+    def __init__(self, patterns: list[re.Pattern]):
+        super().__init__()
+        self.patterns = patterns
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(p.match(record.getMessage()) for p in self.patterns)
+
+
+@contextmanager
+def _quiet(*messages: str, logger: str | None = None) -> Iterator[None]:
+    """Hide MLflow's advisory warnings matching ``messages`` (regexes) for one call: Python
+    warnings, and records of the named ``logger`` when given.
+
+    (``catch_warnings`` swaps the process-wide filter list: a thread logging at the same
+    moment may see a warning filter come or go, nothing more.)"""
+    drop = _DropMatching([re.compile(m) for m in messages])
+    target = logging.getLogger(logger) if logger else None
+    with warnings.catch_warnings():
+        for message in messages:
+            warnings.filterwarnings("ignore", message=message)
+        if target:
+            target.addFilter(drop)
+        try:
+            yield
+        finally:
+            if target:
+                target.removeFilter(drop)
+
+
+def _artifact_location(uri: str, experiment: str) -> str | None:
+    """``<db dir>/mlartifacts/<experiment>`` for a SQLite store (MLflow would default to a
+    ``./mlruns`` relative to wherever the process runs); None lets a server decide."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    db = Path(uri.removeprefix("sqlite:///"))
+    return (db.parent / ARTIFACTS_DIR / experiment).resolve().as_uri()
+
+
+def experiment_id(name: str) -> str:
+    """The id of experiment ``name``, created on first use (safe when threads race to create it)."""
+    c = client()
+    found = c.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return c.create_experiment(name, artifact_location=_artifact_location(tracking_uri(), name))
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return c.get_experiment_by_name(name).experiment_id
+
+
+# -- runs --------------------------------------------------------------------------------------
+def git_commit(cwd: str | Path | None = None) -> str | None:
+    """``git rev-parse HEAD`` of ``cwd`` (default: the current directory); None outside a repo."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sha = out.stdout.strip()
+    return sha if out.returncode == 0 and sha else None
+
+
+@contextmanager
+def start_run(
+    experiment: str,
+    run_name: str,
+    tags: Mapping[str, Any] | None = None,
+    parent_run_id: str | None = None,
+    system_metrics_interval: float | None = None,
+) -> Iterator[str]:
+    """Create a run in ``experiment`` (a name), yield its id, and end it FINISHED (FAILED on
+    an exception, KILLED on Ctrl-C).
+
+    ``parent_run_id`` nests the run under that run (works from any thread: no active-run
+    state). ``system_metrics_interval`` (seconds) samples CPU/memory/GPU metrics while the
+    run is open; None leaves them off.
+    """
+    c = client()
+    run_tags = _tags({MLFLOW_USER: _user(), MLFLOW_GIT_COMMIT: git_commit(), **(tags or {}),
+                      MLFLOW_PARENT_RUN_ID: parent_run_id})
+    run_id = c.create_run(experiment_id(experiment), tags=run_tags, run_name=run_name).info.run_id
+    monitor = system_metrics(run_id, system_metrics_interval) if system_metrics_interval else None
+    status = RunStatus.to_string(RunStatus.FAILED)
+    try:
+        yield run_id
+        status = RunStatus.to_string(RunStatus.FINISHED)
+    except KeyboardInterrupt:
+        status = RunStatus.to_string(RunStatus.KILLED)
+        raise
+    finally:
+        if monitor is not None:
+            monitor.finish()
+        c.set_terminated(run_id, status)
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (some containers)
+        return "unknown"
+
+
+def system_metrics(run_id: str, interval_s: float = SYSTEM_METRICS_INTERVAL_S):
+    """Start MLflow's system-metrics sampler (``system/cpu_utilization_percentage``, memory,
+    disk, network; GPU when pynvml finds one) on ``run_id``; returns it (call ``.finish()``),
+    or None when psutil is missing. ``start_run(..., system_metrics_interval=s)`` does this."""
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    except ImportError as exc:  # psutil not installed
+        log.warning("system metrics off: %s", exc)
+        return None
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, samples_before_logging=1,
+                                   tracking_uri=tracking_uri())
+    monitor.start()
+    return monitor
+
+
+def set_tags(run_id: str, tags: Mapping[str, Any]) -> None:
+    """Set tags (values stringified, None skipped), e.g. ``{TAG_DATA_HASH: md5,
+    TAG_ROLLOUT_VERSION: "3"}``."""
+    items = [RunTag(k, v) for k, v in _tags(tags).items()]
+    for chunk in _chunks(items, MAX_PARAMS_PER_BATCH):
+        client().log_batch(run_id, tags=chunk)
+
+
+def _tags(tags: Mapping[str, Any]) -> dict[str, str]:
+    """Sanitised keys, values stringified and cut to MLflow's limit; None values left out."""
+    return {_key(k): _cut(str(v), MAX_TAG_CHARS) for k, v in tags.items() if v is not None}
+
+
+# -- params, config, metrics --------------------------------------------------------------------
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - len(TRUNCATED)] + TRUNCATED
+
+
+def _key(key: str) -> str:
+    """A key MLflow accepts: illegal characters -> "_", no empty/"."/".." path parts or
+    leading "/", at most 250 characters (cut ones end in a hash of the full key)."""
+    parts = [ILLEGAL_KEY_CHARS.sub("_", p) for p in str(key).split("/")]
+    clean = "/".join("__" if p == ".." else p for p in parts if p not in ("", ".")) or "_"
+    if len(clean) > MAX_KEY_CHARS:
+        digest = hashlib.sha256(clean.encode()).hexdigest()[:KEY_HASH_CHARS]
+        clean = f"{clean[: MAX_KEY_CHARS - KEY_HASH_CHARS - 1]}-{digest}"
+    return clean
+
+
+def _param_value(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return _cut(text, MAX_PARAM_CHARS)
+
+
+def _chunks(items: list, size: int) -> Iterator[list]:
+    for i in range(0, len(items), size):
+        yield items[i: i + size]
+
+
+def log_params(run_id: str, params: Mapping[str, Any]) -> None:
+    """Log params (keys sanitised, values over 6000 characters cut; a param once logged may
+    not change value: MLflow rejects that)."""
+    items = [Param(_key(k), _param_value(v)) for k, v in params.items()]
+    for chunk in _chunks(items, MAX_PARAMS_PER_BATCH):
+        client().log_batch(run_id, params=chunk)
+
+
+def log_config(run_id: str, cfg: Config) -> None:
+    """The config three ways: flat params (``ppo.lr``...), the whole resolved YAML as
+    ``config/config.yaml`` (nothing cut there), and the ``config_hash`` tag."""
+    log_params(run_id, flatten(cfg))
+    log_text(run_id, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), CONFIG_ARTIFACT)
+    set_tags(run_id, {TAG_CONFIG_HASH: config_hash(cfg)})
+
+
+def log_metrics(run_id: str, metrics: Mapping[str, float], step: int, prefix: str = "") -> None:
+    """Log ``{prefix + key: value}`` at ``step`` in batches. Keys are sanitised; NaN/inf
+    values are dropped with a warning and recorded as tag ``nonfinite/<key>``."""
+    now = int(time.time() * 1000)
+    good: list[Metric] = []
+    bad: dict[str, float] = {}
+    for k, v in metrics.items():
+        key, value = _key(prefix + k), float(v)
+        if math.isfinite(value):
+            good.append(Metric(key, value, now, int(step)))
+        else:
+            bad[key] = value
+    if bad:
+        log.warning("run %s step %d: dropped non-finite metrics %s", run_id, step, bad)
+        set_tags(run_id, {f"{TAG_NONFINITE}/{k}": f"{v} at step {step}" for k, v in bad.items()})
+    for chunk in _chunks(good, MAX_METRICS_PER_BATCH):
+        client().log_batch(run_id, metrics=chunk)
+
+
+def run_metrics(run_id: str) -> dict[str, float]:
+    """Latest value of every metric of a run."""
+    return dict(client().get_run(run_id).data.metrics)
+
+
+# -- artifacts -----------------------------------------------------------------------------------
+def log_artifacts(run_id: str, *paths: str | Path, artifact_path: str | None = None) -> None:
+    """Upload files and directories (a directory keeps its name: ``<artifact_path>/<dir name>/...``)."""
+    c = client()
+    for p in map(Path, paths):
+        if p.is_dir():
+            c.log_artifacts(run_id, str(p), "/".join(filter(None, [artifact_path, p.name])))
+        elif p.is_file():
+            c.log_artifact(run_id, str(p), artifact_path)
+        else:
+            raise FileNotFoundError(f"{p}: no such file or directory to log to run {run_id}")
+
+
+def log_text(run_id: str, text: str, artifact_file: str) -> None:
+    """Write ``text`` as artifact ``artifact_file`` (e.g. ``"samples/trajectories_iter3.txt"``)."""
+    client().log_text(run_id, text, artifact_file)
+
+
+def log_plot(run_id: str, plot: "str | Path | Figure", artifact_file: str | None = None) -> None:
+    """A matplotlib figure (saved as ``artifact_file``) or an image file (into ``plots/``)."""
+    if isinstance(plot, (str, Path)):
+        client().log_artifact(run_id, str(plot), "plots")
+    else:
+        client().log_figure(run_id, plot, artifact_file or "plots/figure.png")
+
+
+# -- datasets ------------------------------------------------------------------------------------
+def _read_sample(path: Path, rows: int) -> tuple[pd.DataFrame, int]:
+    """The first ``rows`` rows of a JSONL or Parquet file (or Parquet directory), and the
+    file's total row count."""
+    if path.suffix == ".jsonl":
+        with path.open(encoding="utf-8") as f:
+            total = sum(1 for line in f if line.strip())
+        return pd.read_json(path, lines=True, nrows=rows) if total else pd.DataFrame(), total
+    if path.suffix == ".parquet" or path.is_dir():
+        import pyarrow.dataset as ds
+
+        data = ds.dataset(str(path), format="parquet")
+        return data.head(rows).to_pandas(), data.count_rows()
+    raise ValueError(f"{path}: cannot log as a dataset: expected a .jsonl or .parquet file or a Parquet directory")
+
+
+def log_dataset(
+    run_id: str,
+    path: str | Path,
+    name: str,
+    context: str,
+    digest: str | None = None,
+    sample_rows: int = DATASET_SAMPLE_ROWS,
+) -> None:
+    """Record a JSONL/Parquet dataset as an input of the run (the run's "Datasets" panel).
+
+    Schema and profile come from the first ``sample_rows`` rows; ``source`` is the path;
+    ``digest`` is the DVC md5 when known, else MLflow hashes the sample. ``context`` is e.g.
+    ``"train"``, ``"eval"``, ``"rollouts"``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: dataset '{name}' not found")
+    sample, total = _read_sample(path, sample_rows)
+    # MLflow registers its local source twice (so it warns that a path is ambiguous), hints
+    # about integer columns, and trips a pandas deprecation in its digest code.
+    with _quiet(".*can be interpreted in multiple ways", ".*Inferred schema contains integer", ".*keyword-only"):
+        dataset = mlflow.data.from_pandas(sample, source=str(path.resolve()), name=name,
+                                          digest=digest[:MAX_DIGEST_CHARS] if digest else None)
+        entity = dataset._to_mlflow_entity()  # the schema is inferred here, lazily
+    tags = [InputTag(MLFLOW_DATASET_CONTEXT, _cut(context, MAX_INPUT_TAG_CHARS)),
+            InputTag("rows_total", str(total)), InputTag("rows_sampled", str(len(sample)))]
+    client().log_inputs(run_id, [DatasetInput(entity, tags)])
+
+
+# -- the policy model ----------------------------------------------------------------------------
+class PolicyModel(mlflow.pyfunc.PythonModel):
+    """The trained policy as a pyfunc: ``predict(DataFrame["question"]) -> list[str]``, the
+    policy's greedy first assistant turn (a tool call or an answer) for each question.
+
+    Only the first turn: answering needs the search tool and its corpus, which the model
+    does not carry. The prompt (system text, tool schemas, token budget) is the training
+    one, stored in ``model_config`` when logged.
+    """
+
+    def load_context(self, context) -> None:
+        # Heavy imports here: the tracking module itself must not pull in torch.
+        from models.chat import ChatFormat
+        from models.policy import load_actor_critic
+
+        cfg = context.model_config
+        self.model, self.tokenizer = load_actor_critic(context.artifacts[POLICY_ARTIFACT])
+        self.chat = ChatFormat(self.tokenizer, cfg.get("tools"))
+        self.system = cfg.get("system_prompt")
+        self.max_new_tokens = int(cfg["max_new_tokens"])
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list[str]:
+        from agentr1.rollout.backend import HFBackend, SamplingSpec
+
+        if "question" not in model_input:
+            raise ValueError(f"predict: input needs a 'question' column, got {list(model_input.columns)}")
+        backend = HFBackend(self.model.policy, self.chat.pad_token_id)
+        spec = SamplingSpec(self.max_new_tokens, tuple(self.chat.stop_token_ids), temperature=0.0)
+        prompts = [self.chat.prompt_ids(self.system, USER_TEMPLATE.format(question=q))
+                   for q in model_input["question"].astype(str)]
+        texts: list[str] = []
+        for i in range(0, len(prompts), PREDICT_BATCH):
+            batch = prompts[i: i + PREDICT_BATCH]
+            for gen in backend.generate(batch, spec, seeds=[0] * len(batch)):  # greedy: seeds unused
+                ids = gen.token_ids[:-1] if self.chat.is_closed(gen.token_ids) else gen.token_ids
+                texts.append(self.tokenizer.decode(ids, skip_special_tokens=False))
+        return texts
+
+
+def prompt_settings(cfg: Config) -> dict[str, Any]:
+    """The training prompt as the policy model's ``model_config``: system text (None: no
+    system turn), tool schemas (None: left out) and the per-turn token budget."""
+    from agentr1.trainer import make_env  # the environment owns the default system prompt
+
+    env = make_env(cfg, search=None)
+    return {"system_prompt": env.system_prompt() or None,
+            "tools": env.tools if cfg.env.tools_in_prompt else None,
+            "max_new_tokens": cfg.env.max_turn_tokens}
+
+
+def _requirements() -> list[str]:
+    """Pinned versions of what ``PolicyModel`` imports, read locally (MLflow's inference
+    would load the model in a subprocess). The project itself (``models``, ``agentr1``,
+    ``tasks``) must be installed where the model is loaded."""
+    return [f"{pkg}=={metadata.version(pkg)}" for pkg in MODEL_REQUIREMENTS]
+
+
+def log_policy_model(run_id: str, model_dir: str | Path, name: str = MODEL_NAME, cfg: Config | None = None) -> str:
+    """Log the Hugging Face policy directory (weights, tokenizer, chat template, value head)
+    as a pyfunc :class:`PolicyModel` of run ``run_id``; returns its ``models:/<id>`` URI.
+
+    ``cfg`` gives the prompt the policy was trained with (default: ``Config()``'s). A LoRA
+    adapter directory is logged as is: its base model must be at the recorded path where
+    the model is loaded.
+    """
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types import ColSpec, Schema
+
+    model_dir = Path(model_dir)
+    if not any((model_dir / f).is_file() for f in ("config.json", ADAPTER_CONFIG_FILE)):
+        raise FileNotFoundError(f"{model_dir}: not a Hugging Face model directory "
+                                f"(no config.json or {ADAPTER_CONFIG_FILE})")
+    c = client()
+    # Created here, not by Model.log: that would file it under the process's "current"
+    # experiment rather than the run's.
+    logged = c.create_logged_model(c.get_run(run_id).info.experiment_id, name=name, source_run_id=run_id)
+    # The explicit signature replaces the input example MLflow asks for (an example would be
+    # checked by loading the whole policy once more). The pickle MLflow warns about holds only
+    # a reference to the importable class PolicyModel, no state.
+    with _quiet(".*An input example was not provided", ".*Passing a Python object as `python_model`",
+                logger="mlflow.pyfunc"):
+        info = mlflow.models.Model.log(
+            artifact_path=None, name=name, flavor=mlflow.pyfunc, run_id=run_id, model_id=logged.model_id,
+            python_model=PolicyModel(), artifacts={POLICY_ARTIFACT: str(model_dir)},
+            model_config=prompt_settings(cfg or Config()), pip_requirements=_requirements(),
+            signature=ModelSignature(inputs=Schema([ColSpec("string", "question")]),
+                                     outputs=Schema([ColSpec("string")])),
+        )
+    return info.model_uri
+
+
+# -- registry ------------------------------------------------------------------------------------
+def register(model_uri: str, name: str = MODEL_NAME) -> str:
+    """Register ``model_uri`` as a new version of ``name`` (created if new); returns the version."""
+    client()  # point MLflow's global URI at our store first
+    return str(mlflow.register_model(model_uri, name).version)
+
+
+def set_champion(name: str, version: str | int) -> None:
+    """Move the ``champion`` alias of ``name`` to ``version``."""
+    client().set_registered_model_alias(name, CHAMPION, str(version))
+
+
+def champion(name: str = MODEL_NAME) -> tuple[str, dict[str, float]] | None:
+    """``(version, latest metrics of the run that logged it)`` for the ``champion`` alias;
+    None when the model or the alias does not exist."""
+    c = client()
+    try:
+        version = c.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException as exc:
+        if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND", "INVALID_PARAMETER_VALUE"):
+            raise
+        return None
+    return str(version.version), run_metrics(version.run_id) if version.run_id else {}

@@ -1,0 +1,300 @@
+"""tasks/tracking.py against a real MLflow SQLite store (tests/conftest.py points
+MLFLOW_TRACKING_URI at a temp dir). No mocks."""
+from __future__ import annotations
+
+import json
+import math
+import random
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from mlflow.entities import LoggedModelStatus
+
+from agentr1.config import Config, config_hash, flatten
+from agentr1.data.records import QARecord
+from agentr1.env.qa_env import QAEnv
+from tasks import tracking as tr
+
+EXP = "agentr1-test-tracking"
+
+
+def _run(run_id: str):
+    return tr.client().get_run(run_id)
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+# -- store and keys --------------------------------------------------------------------------
+def test_tracking_uri_defaults_to_sqlite_in_cwd(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.chdir(tmp_path)
+    assert tr.tracking_uri() == f"sqlite:///{tmp_path}/mlflow.db"
+
+
+def test_experiment_artifacts_sit_next_to_the_sqlite_db():
+    exp = tr.client().get_experiment(tr.experiment_id(EXP))
+    db_dir = tr.tracking_uri().removeprefix("sqlite:///").rsplit("/", 1)[0]
+    assert exp.artifact_location == f"file://{db_dir}/mlartifacts/{EXP}"
+    assert tr.experiment_id(EXP) == exp.experiment_id  # found, not created twice
+
+
+@pytest.mark.parametrize("raw, clean", [
+    ("actor/pg_clipfrac", "actor/pg_clipfrac"),
+    ("eval/em@3 (greedy)", "eval/em_3 _greedy_"),
+    ("/a//b/./c/", "a/b/c"),
+    ("../up", "__/up"),
+    ("", "_"),
+])
+def test_key_sanitising(raw, clean):
+    assert tr._key(raw) == clean
+
+
+def test_long_keys_are_cut_and_stay_distinct():
+    a, b = tr._key("k" * 300 + "a"), tr._key("k" * 300 + "b")
+    assert len(a) == len(b) == tr.MAX_KEY_CHARS and a != b
+
+
+# -- runs ---------------------------------------------------------------------------------------
+def test_run_ends_finished_or_failed_and_carries_git_commit():
+    with tr.start_run(EXP, "ok", tags={"kind": "unit"}) as ok_id:
+        assert _run(ok_id).info.status == "RUNNING"
+    with pytest.raises(RuntimeError), tr.start_run(EXP, "boom") as bad_id:
+        raise RuntimeError("boom")
+    ok, bad = _run(ok_id), _run(bad_id)
+    assert (ok.info.status, bad.info.status) == ("FINISHED", "FAILED")
+    assert ok.info.run_name == "ok" and ok.data.tags["kind"] == "unit"
+    sha = tr.git_commit()
+    assert sha is not None and len(sha) == 40
+    assert ok.data.tags["mlflow.source.git.commit"] == sha
+
+
+def test_git_commit_is_none_outside_a_repo(tmp_path):
+    assert tr.git_commit(tmp_path) is None
+
+
+def test_nested_run_created_from_another_thread():
+    results: dict[str, str] = {}
+    errors: list[BaseException] = []
+
+    def child(parent: str, i: int) -> None:
+        try:
+            with tr.start_run(EXP, f"variant-{i}", parent_run_id=parent) as run_id:
+                tr.log_metrics(run_id, {"eval/em": 0.1 * i}, step=0)
+                results[run_id] = parent
+        except BaseException as exc:  # surfaced in the main thread below
+            errors.append(exc)
+
+    with tr.start_run(EXP, "parent") as parent_id:
+        threads = [threading.Thread(target=child, args=(parent_id, i)) for i in range(3)]
+        for t in threads:
+            t.start()
+        tr.log_metrics(parent_id, {"parent/tick": 1.0}, step=0)  # the parent logs meanwhile
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert len(results) == 3
+    for run_id in results:
+        run = _run(run_id)
+        assert run.data.tags["mlflow.parentRunId"] == parent_id
+        assert run.info.status == "FINISHED"
+    children = tr.client().search_runs([tr.experiment_id(EXP)], f"tags.mlflow.parentRunId = '{parent_id}'")
+    assert {r.info.run_id for r in children} == set(results)
+
+
+def test_system_metrics_are_sampled():
+    with tr.start_run(EXP, "sysmetrics", system_metrics_interval=0.2) as run_id:
+        time.sleep(1.0)
+    keys = _run(run_id).data.metrics
+    assert "system/cpu_utilization_percentage" in keys
+    assert "system/system_memory_usage_megabytes" in keys
+
+
+# -- params, config, metrics ------------------------------------------------------------------
+def test_log_config_flattens_cuts_long_values_and_keeps_full_yaml():
+    long_prompt = "Search well. " * 600  # 7800 characters: over MLflow's 6000 limit
+    cfg = Config.model_validate({"env": {"system_prompt": long_prompt}, "ppo": {"lr": 3e-4}})
+    with tr.start_run(EXP, "config") as run_id:
+        tr.log_config(run_id, cfg)
+        tr.log_config(run_id, cfg)  # a retried task logs the same values again: allowed
+        tr.log_params(run_id, {"x" * 300: [1, 2]})
+    run = _run(run_id)
+    params = run.data.params
+    flat = flatten(cfg)
+    assert set(flat) <= set(params)
+    assert params["ppo.lr"] == "0.0003"
+    assert params["env.max_doc_chars"] == str(flat["env.max_doc_chars"])
+    cut = params["env.system_prompt"]
+    assert len(cut) == tr.MAX_PARAM_CHARS and cut.endswith(tr.TRUNCATED) and long_prompt.startswith(cut[:100])
+    assert params[tr._key("x" * 300)] == "[1, 2]"
+    assert run.data.tags[tr.TAG_CONFIG_HASH] == config_hash(cfg)
+    text = mlflow.artifacts.load_text(f"runs:/{run_id}/{tr.CONFIG_ARTIFACT}")
+    assert Config.model_validate(yaml.safe_load(text)) == cfg  # nothing cut in the artifact
+
+
+def test_metrics_history_steps_and_non_finite_values():
+    with tr.start_run(EXP, "metrics") as run_id:
+        for step in range(3):
+            tr.log_metrics(run_id, {"actor/loss": 1.0 / (step + 1), "em@greedy": step, "bad": math.nan},
+                           step=step)
+        tr.log_metrics(run_id, {"em": 0.5}, step=7, prefix="eval/")
+    c = tr.client()
+    hist = sorted(c.get_metric_history(run_id, "actor/loss"), key=lambda m: m.step)
+    assert [(m.step, m.value) for m in hist] == [(0, 1.0), (1, 0.5), (2, pytest.approx(1 / 3))]
+    assert [m.step for m in c.get_metric_history(run_id, "em_greedy")] == [0, 1, 2]
+    assert [(m.step, m.value) for m in c.get_metric_history(run_id, "eval/em")] == [(7, 0.5)]
+    run = _run(run_id)
+    assert "bad" not in run.data.metrics
+    assert run.data.tags["nonfinite/bad"] == "nan at step 2"
+
+
+def test_set_tags_skips_none():
+    with tr.start_run(EXP, "tags") as run_id:
+        tr.set_tags(run_id, {tr.TAG_DATA_HASH: "abc123", tr.TAG_ROLLOUT_VERSION: 3, "unset": None})
+    tags = _run(run_id).data.tags
+    assert tags[tr.TAG_DATA_HASH] == "abc123" and tags[tr.TAG_ROLLOUT_VERSION] == "3"
+    assert "unset" not in tags
+
+
+def test_artifacts_text_and_plot(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (tmp_path / "evals").mkdir()
+    (tmp_path / "evals" / "eval_final.json").write_text("{}")
+    (tmp_path / "curve.png").write_bytes(b"\x89PNG fake")
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    with tr.start_run(EXP, "artifacts") as run_id:
+        tr.log_artifacts(run_id, tmp_path / "evals", tmp_path / "curve.png", artifact_path="out")
+        tr.log_text(run_id, "turn 1", "samples/traj.txt")
+        tr.log_plot(run_id, tmp_path / "curve.png")
+        tr.log_plot(run_id, fig, "plots/learning.png")
+        with pytest.raises(FileNotFoundError, match="missing.txt"):
+            tr.log_artifacts(run_id, tmp_path / "missing.txt")
+    plt.close(fig)
+
+    def listed(path: str) -> list[str]:
+        return sorted(f.path for f in tr.client().list_artifacts(run_id, path))
+
+    assert listed("out") == ["out/curve.png", "out/evals"]
+    assert listed("out/evals") == ["out/evals/eval_final.json"]
+    assert listed("plots") == ["plots/curve.png", "plots/learning.png"]
+    assert mlflow.artifacts.load_text(f"runs:/{run_id}/samples/traj.txt") == "turn 1"
+
+
+# -- datasets ---------------------------------------------------------------------------------
+def test_log_dataset_jsonl_and_parquet(tmp_path):
+    qa = tmp_path / "train.jsonl"
+    rows = [{"id": f"q{i}", "question": f"Who {i}?", "answers": ["A"], "supporting_docs": ["d1"], "hops": 2,
+             "source": "synth"} for i in range(5)]
+    qa.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    roll = tmp_path / "rollouts.parquet"
+    pq.write_table(pa.table({"record_id": ["q0", "q1"], "token_ids": pa.array([[1, 2, 3], [4]], pa.list_(pa.int32())),
+                             "outcome_reward": [1.0, 0.0]}), roll)
+    md5 = "0123456789abcdef0123456789abcdef.dir"
+    with tr.start_run(EXP, "datasets") as run_id:
+        tr.log_dataset(run_id, qa, "qa-train", "train", digest=md5, sample_rows=3)
+        tr.log_dataset(run_id, roll, "rollouts-iter0", "rollouts")
+        (tmp_path / "bad.csv").write_text("a\n1\n")
+        with pytest.raises(ValueError, match="bad.csv: cannot log"):
+            tr.log_dataset(run_id, tmp_path / "bad.csv", "x", "x")
+    inputs = {d.dataset.name: d for d in _run(run_id).inputs.dataset_inputs}
+    assert set(inputs) == {"qa-train", "rollouts-iter0"}
+    q = inputs["qa-train"]
+    assert q.dataset.digest == md5
+    assert json.loads(q.dataset.source)["uri"].endswith("train.jsonl")
+    tags = {t.key: t.value for t in q.tags}
+    assert tags == {"mlflow.data.context": "train", "rows_total": "5", "rows_sampled": "3"}
+    assert json.loads(q.dataset.profile)["num_rows"] == 3
+    assert "question" in q.dataset.schema
+    r = inputs["rollouts-iter0"]
+    assert {t.key: t.value for t in r.tags}["rows_total"] == "2"
+    assert len(r.dataset.digest) > 0 and "token_ids" in r.dataset.schema
+
+
+# -- the policy model and the registry ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    from models.policy import ModelSpec, build_policy, save_actor_critic
+    from models.tokenizer import build_tokenizer
+
+    rng = random.Random(0)
+    names = ["Zorvak Pellin", "Kelmora", "Drastin Vole", "Amberlin"]
+    texts = [f"Question: Who directed {rng.choice(names)}? "
+             f'<tool_call>{{"name": "search", "arguments": {{"query": "{rng.choice(names)}"}}}}</tool_call> '
+             f"<answer>{rng.choice(names)}</answer>" for _ in range(300)]
+    tok = build_tokenizer(texts, vocab_size=300)
+    model = build_policy(ModelSpec(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32),
+                         tok)
+    return save_actor_critic(model, tok, tmp_path_factory.mktemp("policy") / "final")
+
+
+@pytest.fixture(scope="module")
+def logged_policy(policy_dir):
+    """(run_id, model_uri, seconds to log)."""
+    cfg = Config.model_validate({"env": {"max_turn_tokens": 6}})
+    with tr.start_run(EXP, "policy") as run_id:
+        tr.log_metrics(run_id, {"eval/em": 0.42}, step=3)
+        t0 = time.perf_counter()
+        uri = tr.log_policy_model(run_id, policy_dir, cfg=cfg)
+        seconds = time.perf_counter() - t0
+    print(f"log_policy_model: {seconds:.2f}s")
+    return run_id, uri, seconds
+
+
+def test_user_template_matches_the_environment():
+    record = QARecord(id="q", question="Who is X?", answers=("Y",), supporting_docs=(), hops=1, source="t", meta={})
+    assert QAEnv(None).user_prompt(record) == tr.USER_TEMPLATE.format(question=record.question)
+
+
+def test_policy_model_logs_loads_and_predicts(logged_policy):
+    run_id, uri, _ = logged_policy
+    assert uri.startswith("models:/")
+    t0 = time.perf_counter()
+    model = mlflow.pyfunc.load_model(uri)
+    questions = pd.DataFrame({"question": ["Who directed Kelmora?", "Where was Amberlin born?", "?"]})
+    out = model.predict(questions)
+    print(f"load_model + predict: {time.perf_counter() - t0:.2f}s")
+    assert isinstance(out, list) and len(out) == 3 and all(isinstance(t, str) and t for t in out)
+    assert model.predict(questions) == out  # greedy: deterministic
+    assert model.model_config["max_new_tokens"] == 6
+    assert model.model_config["tools"][0]["function"]["name"] == "search"
+    logged = tr.client().get_logged_model(uri.removeprefix("models:/"))
+    stored = Path(logged.artifact_location.removeprefix("file://"))
+    files = {p.name for p in stored.rglob("*") if p.is_file()}
+    assert {"config.json", "model.safetensors", "value_head.safetensors", "tokenizer.json", "chat_template.jinja",
+            "python_model.pkl", "MLmodel"} <= files
+    assert logged.source_run_id == run_id and logged.status == LoggedModelStatus.READY
+    assert logged.experiment_id == tr.experiment_id(EXP)
+
+
+def test_register_and_champion_alias(logged_policy):
+    run_id, uri, _ = logged_policy
+    name = _unique("agentr1-policy-test")
+    assert tr.champion(name) is None  # no such model yet
+    v1 = tr.register(uri, name)
+    assert v1 == "1"
+    assert tr.champion(name) is None  # registered, no alias yet
+    tr.set_champion(name, v1)
+    assert tr.champion(name) == ("1", {"eval/em": 0.42})
+    v2 = tr.register(uri, name)
+    assert v2 == "2" and tr.champion(name)[0] == "1"  # a new version does not move the alias
+    tr.set_champion(name, v2)
+    assert tr.champion(name)[0] == "2"
+
+
+def test_model_logging_is_fast_enough(logged_policy):
+    assert logged_policy[2] < 30, f"log_policy_model took {logged_policy[2]:.1f}s"
