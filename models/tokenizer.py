@@ -7,9 +7,10 @@ search results into tool calls and answers (FIELD-NOTES pitfalls 1 and 2):
   never into a rare whole-name merge: capitalised tokens are at most
   ``MAX_CAPITALISED_TOKEN`` characters and every merge needs ``min_frequency`` occurrences.
 * A name has the same token ids wherever it appears (after a space, after a JSON quote, at
-  the start of a line, before punctuation): the pre-tokenizer makes every run of letters
-  its own piece, so no token ever spans a letter/non-letter boundary, and words never carry
-  a leading space.
+  the start of a line, before punctuation): the pre-tokenizer makes every capitalised run
+  of letters its own piece, so a name never carries a leading space or quote. Lowercase
+  words keep theirs (" city" is one token), which keeps sequences about a third shorter
+  than isolating every space.
 
 Byte-level pieces make every string encodable and ``decode(encode(s)) == s`` exact.
 """
@@ -32,17 +33,18 @@ PAD_TOKEN = "<pad>"
 UNK_TOKEN = "<|endoftext|>"  # never produced (byte-level covers everything); set so configs have one
 
 # Pieces: Qwen2's pre-tokenizer regex (digits one by one, punctuation runs, whitespace),
-# then every run of letters cut loose from the one character Qwen2 glues in front of it
-# (" Zorvak", '"Zorvak'). No merge ever joins a letter to a non-letter, so a name is the
-# same ids wherever it stands. Starting from Qwen2's regex matters: transformers' AutoTokenizer
+# then every capitalised run of letters cut loose from the one character Qwen2 glues in
+# front of it (" Zorvak", '"Zorvak'). No merge ever joins a non-letter to a capital, so a
+# name is the same ids wherever it stands, while " city" stays one token. Starting from Qwen2's regex matters: transformers' AutoTokenizer
 # loads any checkpoint of model_type "qwen2" as Qwen2Tokenizer, which swaps in that regex
 # (and NFC); with these merges it then splits every text exactly as this tokenizer does.
-LETTER_RUN = r"\p{L}+"
+CAPITALISED_RUN = r"\p{Lu}\p{L}*"
 # Capitalised tokens (name starts: "Krer", "Zor") stay at most this long, so a fresh name
 # splits into syllable-sized pieces seen thousands of times, not into a rare whole-name
 # merge. Other tokens may be longer: template and prompt words ("distributed", "search")
 # stay whole, which keeps sequences ~25% shorter than a global cap would.
 MAX_CAPITALISED_TOKEN = 4
+OVERTRAIN = 3  # BPE is trained for this times vocab_size merges before the cap prunes them
 MAX_TOKEN_LENGTH = 16  # bounds odd long runs ("=====") that would waste vocabulary
 # A merge seen fewer times than this would give a token whose embedding barely trains.
 MIN_FREQUENCY = 8
@@ -89,7 +91,7 @@ def _train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Tok
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"),
-        pre_tokenizers.Split(Regex(LETTER_RUN), behavior="isolated"),
+        pre_tokenizers.Split(Regex(CAPITALISED_RUN), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
@@ -106,11 +108,17 @@ def _train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Tok
     return tok
 
 
-def _cap_capitalised(tok: Tokenizer, max_len: int) -> Tokenizer:
-    """Drop merges that build a capitalised token longer than ``max_len`` (and every merge
-    that needs one), then renumber the vocabulary without the unreachable tokens.
+def _capitalised(token: str) -> bool:
+    # Not str.isupper: the byte-level space symbol "Ġ" (U+0120) is itself a capital letter.
+    return "A" <= token[0] <= "Z"
 
-    Token strings are byte-level symbols; ASCII letters are themselves, so ``isupper`` on
+
+def _cap_capitalised(tok: Tokenizer, max_len: int, vocab_size: int) -> Tokenizer:
+    """Drop merges that build a capitalised token longer than ``max_len`` (and every merge
+    that needs one), keep the first merges up to ``vocab_size`` tokens, then renumber the
+    vocabulary without the unreachable tokens.
+
+    Token strings are byte-level symbols; ASCII letters are themselves, so an ASCII capital on
     the first symbol tells a capitalised piece.
     """
     spec = json.loads(tok.to_str())
@@ -120,7 +128,9 @@ def _cap_capitalised(tok: Tokenizer, max_len: int) -> Tokenizer:
     merges = []
     for left, right in (m.split(" ") if isinstance(m, str) else m for m in bpe["merges"]):
         token = left + right
-        if left in reachable and right in reachable and not (token[0].isupper() and len(token) > max_len):
+        if len(reachable) >= vocab_size:
+            break
+        if left in reachable and right in reachable and not (_capitalised(token) and len(token) > max_len):
             merges.append([left, right])
             reachable.add(token)
     bpe["vocab"] = {t: i for i, t in enumerate(t for t in by_id if t in reachable)}
@@ -147,7 +157,10 @@ def build_tokenizer(
     """
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size={vocab_size}: needs at least the 256 bytes + {len(SPECIAL_TOKENS)} specials")
-    backend = _cap_capitalised(_train_bpe(texts, vocab_size, min_frequency), max_capitalised_token)
+    # Fresh names make syllable-pair merges frequent; most build long capitalised tokens that
+    # the cap removes. Train for a larger vocabulary so the kept merges fill ``vocab_size``.
+    backend = _cap_capitalised(_train_bpe(texts, OVERTRAIN * vocab_size, min_frequency),
+                               max_capitalised_token, vocab_size)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token=EOS_TOKEN,

@@ -39,7 +39,7 @@ DEFAULT_HOP_WEIGHTS = (0.25, 0.35, 0.40)
 # Documents are read by a ~1M-parameter model inside a short context: keep them short.
 MIN_DOC_WORDS = 12
 MAX_DOC_WORDS = 30
-MAX_FILLER_FACTS = 1
+MAX_FILLER_FACTS = 0
 LOOKALIKES_PER_QUESTION = (1, 2)
 _MAX_TRIES = 1000
 
