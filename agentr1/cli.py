@@ -7,6 +7,7 @@
     agentr1 search --data DIR [--k 5] "query"
     agentr1 train --config conf/train.yaml [-o key=value ...]
     agentr1 evaluate --checkpoint DIR --data DIR --split test [--config FILE] [-o key=value ...]
+    agentr1 pipeline [--flow pipeline|retrain|evaluate] [--preset train] [-o key=value ...]   (Prefect flows)
 
 Results go to stdout as JSON; bad input exits with status 2 and a message on stderr naming
 the file, line and field (and writes nothing). To add a command, write a
@@ -205,9 +206,18 @@ def _add_evaluate(subparsers: argparse._SubParsersAction) -> None:
     ev.set_defaults(func=cmd_evaluate)
 
 
+def _add_pipeline(subparsers: argparse._SubParsersAction) -> None:
+    # The Prefect flows live in flows/ (this package never imports Prefect); flows.cli
+    # imports Prefect only when the command runs.
+    from flows.cli import add_pipeline
+
+    add_pipeline(subparsers)
+
+
 # ---------------------------------------------------------------- entry point
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_data, _add_search, _add_train, _add_evaluate]
+COMMANDS.append(_add_pipeline)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -77,18 +77,23 @@ class ActorCritic(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        logits_at: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """input_ids (B, T) -> (logits (B, T, V) float32, values (B, T) float32).
 
         ``attention_mask`` (B, T) is 1 on real tokens; ``position_ids`` (B, T) override the
-        default 0..T-1 (e.g. for left padding).
+        default 0..T-1 (e.g. for left padding). ``logits_at`` (B, T) bool computes logits only
+        at those positions, returned packed as (N, V) in row-major order: the LM head is a
+        third of a small model's forward, and training needs logits at action tokens only.
         """
         lm = _base_lm(self.policy)
         hidden = lm.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state  # (B, T, H)
-        logits = lm.get_output_embeddings()(hidden).float()
         values = self.value_head(hidden.float()).squeeze(-1)
+        if logits_at is not None:
+            hidden = hidden[logits_at]
+        logits = lm.get_output_embeddings()(hidden).float()
         return logits, values
 
 

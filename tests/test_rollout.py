@@ -168,3 +168,17 @@ def test_length_bucketed_batches_cover_every_episode_once_with_similar_lengths()
     assert spread < 100  # random batches of 16 would span ~250 tokens
     again = length_bucketed_batches(lengths, 16, torch.Generator().manual_seed(0), bucket=4)
     assert batches == again
+
+
+def test_forward_tokens_at_positions_matches_the_full_forward(world):
+    trajs = make_engine(world).run(world["splits"]["test"][:4], seed=4)
+    batch = collate(trajs, world["chat"].pad_token_id)
+    with torch.no_grad():
+        full_lp, full_v, full_ent = forward_tokens(world["model"], batch.input_ids, batch.attention_mask,
+                                                   with_entropy=True)
+        lp, v, ent = forward_tokens(world["model"], batch.input_ids, batch.attention_mask,
+                                    with_entropy=True, positions=batch.action_mask)
+    on = batch.action_mask.bool()
+    assert torch.allclose(lp[on], full_lp[on], atol=1e-5) and torch.all(lp[~on] == 0)
+    assert torch.allclose(ent[on], full_ent[on], atol=1e-5)
+    assert torch.equal(v, full_v)

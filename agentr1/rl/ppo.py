@@ -71,21 +71,41 @@ class Scored:
 
 
 def forward_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0, with_entropy: bool = False):
-    """Log-probs (B, T) of tokens 1..L-1, values (B, T), and optionally entropy (B, T)."""
-    logits, values = model(input_ids=input_ids, attention_mask=attention_mask)
-    logits = logits[:, :-1].float() / temperature
-    logp = logprobs_from_logits(logits, input_ids[:, 1:])
-    ent = entropy_from_logits(logits) if with_entropy else None
+                   temperature: float = 1.0, with_entropy: bool = False,
+                   positions: torch.Tensor | None = None):
+    """Log-probs (B, T) of tokens 1..L-1, values (B, T), and optionally entropy (B, T).
+
+    With ``positions`` (B, T), log-probs and entropy are computed only there (0 elsewhere):
+    the LM head runs on those hidden states alone.
+    """
+    if positions is None:
+        logits, values = model(input_ids=input_ids, attention_mask=attention_mask)
+        logits = logits[:, :-1].float() / temperature
+        logp = logprobs_from_logits(logits, input_ids[:, 1:])
+        ent = entropy_from_logits(logits) if with_entropy else None
+        return logp, values[:, :-1].float(), ent
+    where = positions.bool()
+    at = torch.zeros_like(input_ids, dtype=torch.bool)
+    at[:, :-1] = where  # the logits at position j - 1 predict token j
+    packed, values = model(input_ids=input_ids, attention_mask=attention_mask, logits_at=at)
+    packed = packed.float()[None] / temperature  # (1, N, V)
+    logp = torch.zeros(where.shape, dtype=torch.float32, device=input_ids.device)
+    logp[where] = logprobs_from_logits(packed, input_ids[:, 1:][where][None])[0]
+    ent = None
+    if with_entropy:
+        ent = torch.zeros_like(logp)
+        ent[where] = entropy_from_logits(packed)[0]
     return logp, values[:, :-1].float(), ent
 
 
 @torch.no_grad()
 def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper) -> tuple[Scored, dict[str, float]]:
     """Old log-probs, reference log-probs, values, rewards and advantages for the batch."""
-    old_logp, old_values, _ = forward_tokens(model, batch.input_ids, batch.attention_mask, hp.temperature)
-    ref_logp, _, _ = forward_tokens(ref_model, batch.input_ids, batch.attention_mask, hp.temperature)
     loss_mask = batch.action_mask if hp.loss_mask else batch.response_mask
+    old_logp, old_values, _ = forward_tokens(model, batch.input_ids, batch.attention_mask, hp.temperature,
+                                             positions=loss_mask)
+    ref_logp, _, _ = forward_tokens(ref_model, batch.input_ids, batch.attention_mask, hp.temperature,
+                                    positions=loss_mask)
     adv_mask = batch.action_mask if hp.advantage_mask else batch.response_mask
     token_rewards = batch.process_rewards + batch.outcome_rewards
     kl = kl_penalty(old_logp, ref_logp, hp.kl_kind, hp.kl_clamp)
@@ -138,7 +158,8 @@ def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Score
             cut = lambda x: x[idx, : L - 1]  # noqa: E731 - per-token tensors of this minibatch
             with accelerator.accumulate(model), accelerator.autocast():
                 logp, values, ent = forward_tokens(
-                    model, batch.input_ids[idx, :L], batch.attention_mask[idx, :L], hp.temperature, with_entropy=True
+                    model, batch.input_ids[idx, :L], batch.attention_mask[idx, :L], hp.temperature,
+                    with_entropy=True, positions=mask,
                 )
                 pg, pg_m = policy_loss(logp, cut(scored.old_logp), cut(scored.advantages), mask,
                                        hp.clip_eps, None, hp.dual_clip_c)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from agentr1.rl.core import logprobs_from_logits, masked_mean
+from agentr1.rl.core import logprobs_from_logits
 
 
 def pad_episodes(episodes: list[tuple[list[int], list[int]]], pad_token_id: int
@@ -27,12 +27,18 @@ def pad_episodes(episodes: list[tuple[list[int], list[int]]], pad_token_id: int
 
 def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor
              ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Mean negative log-likelihood over action tokens; metrics: loss and token accuracy."""
-    logits, _ = model(input_ids=input_ids, attention_mask=attention_mask)
-    logits = logits[:, :-1].float()
-    labels = input_ids[:, 1:]
+    """Mean negative log-likelihood over action tokens; metrics: loss and token accuracy.
+
+    Logits are computed at the positions that predict an action token only.
+    """
+    where = target_mask.bool()
+    at = torch.zeros_like(input_ids, dtype=torch.bool)
+    at[:, :-1] = where  # the logits at position j - 1 predict token j
+    logits, _ = model(input_ids=input_ids, attention_mask=attention_mask, logits_at=at)
+    logits = logits.float()[None]  # (1, N, V)
+    labels = input_ids[:, 1:][where][None]
     nll = -logprobs_from_logits(logits, labels)
-    loss = masked_mean(nll, target_mask)
+    loss = nll.mean() if nll.numel() else nll.sum()
     with torch.no_grad():
-        acc = masked_mean((logits.argmax(-1) == labels).float(), target_mask)
+        acc = (logits.argmax(-1) == labels).float().mean() if nll.numel() else torch.zeros(())
     return loss, {"sft/loss": float(loss.detach()), "sft/token_acc": float(acc)}
