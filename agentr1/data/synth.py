@@ -146,13 +146,13 @@ PAIR_FRAMES: dict[tuple[str, str], tuple[str, ...]] = {
 }
 PAIR_FRAME_PROB = 0.5
 
-# Name inventory: words of 2-3 syllables, onset + vowel + optional coda (repeats weight the
+# Name inventory: words of 2 syllables, onset + vowel + optional coda (repeats weight the
 # choice: short plain syllables keep names short for a small model).
 ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z",
           "br", "dr", "gr", "kr", "tr", "st", "th", "sh")
 VOWELS = ("a", "e", "i", "o", "u", "a", "e", "i", "o", "u", "ai", "ou")
 CODAS = ("", "", "", "n", "r", "l", "k", "m")
-SYLLABLES_PER_WORD = (2, 2, 2, 2, 3)
+SYLLABLES_PER_WORD = (2,)
 SUFFIXES: dict[str, tuple[str, ...]] = {
     "company": ("Group", "Works", "Labs", "Studios", "Holdings", "Systems"),
     "university": ("University", "Institute", "College", "Academy"),
