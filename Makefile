@@ -38,5 +38,42 @@ train: setup
 bench: setup
 	$(PY) benchmarks/rollout.py
 
+# data/ exactly as data.dvc pins it: regenerated from its seed when missing (no remote needed),
+# then `dvc commit` checks it: it refuses a data/ that does not hash to data.dvc, and otherwise
+# only fills the local DVC cache. tests/test_dvc.py reads DATA_SYNTH.
+DATA_SYNTH := --seed 0 --n-train 4000 --n-dev 200 --n-test 300
+DVC := $(VENV)/bin/dvc
+.PHONY: data dvc-repro
+
+data: setup
+	test -f data/corpus.jsonl || $(VENV)/bin/agentr1 data synth --out data $(DATA_SYNTH) > /dev/null
+	$(DVC) commit --quiet data.dvc < /dev/null || { echo "data/ does not match data.dvc:" \
+	  "remove data/ and run 'make data' again" >&2; exit 1; }
+
+# The DVC pipeline (dvc.yaml); its stages call `agentr1`, so the venv goes first on PATH.
+dvc-repro: data
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(DVC) repro
+
+# Prefect flows (flows/, prefect.yaml) and the two UIs. `make ui` in one terminal, then `make
+# serve` in another serves the deployments; `make run` sends its run to that server when one
+# is up, else to Prefect's ephemeral API (stored in ~/.prefect: `make ui` shows it later).
+PREFECT_PORT ?= 4200
+MLFLOW_PORT ?= 5000
+.PHONY: run ui serve
+
+run: setup
+	$(VENV)/bin/agentr1 pipeline
+
+ui: setup
+	@echo "Prefect UI: http://127.0.0.1:$(PREFECT_PORT)   MLflow UI: http://127.0.0.1:$(MLFLOW_PORT)   (Ctrl-C stops both)"
+	@trap 'kill $$(jobs -p) 2>/dev/null' EXIT; \
+	$(VENV)/bin/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT) & \
+	$(VENV)/bin/mlflow ui --host 127.0.0.1 --port $(MLFLOW_PORT) --workers 1 --backend-store-uri \
+	  "$$($(PY) -c 'from tasks.tracking import tracking_uri; print(tracking_uri())')" & \
+	wait
+
+serve: setup
+	PREFECT_API_URL=$${PREFECT_API_URL:-http://127.0.0.1:$(PREFECT_PORT)/api} $(PY) -m flows.serve
+
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,122 @@
+"""``agentr1 pipeline``: run a flow in this process and print where to look at it.
+
+    agentr1 pipeline                                   # the end-to-end pipeline on conf/train.yaml
+    agentr1 pipeline -o ppo.iterations=5 --output-dir runs/try
+    agentr1 pipeline --flow retrain --margin 0.02
+    agentr1 pipeline --flow evaluate --model champion --split dev
+
+When a Prefect server answers on the default local address (``make ui``) and
+``PREFECT_API_URL`` is unset, the run goes to that server so it shows up live; otherwise
+Prefect's ephemeral API stores it in ``$PREFECT_HOME`` (default ``~/.prefect``), where a
+later ``make ui`` shows it. Prefect is imported only when the command runs, so the other
+``agentr1`` commands stay fast.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.request
+
+LOCAL_PREFECT_API = "http://127.0.0.1:4200/api"
+PROBE_TIMEOUT_S = 0.5
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+FLOWS = ("pipeline", "retrain", "evaluate")
+
+
+def use_local_server(api: str = LOCAL_PREFECT_API) -> bool:
+    """Point Prefect at a running local server when no API is configured; True if it did."""
+    if os.environ.get("PREFECT_API_URL"):
+        return False
+    try:
+        with urllib.request.urlopen(f"{api}/health", timeout=PROBE_TIMEOUT_S) as resp:
+            if resp.status != 200:
+                return False
+    except OSError:
+        return False
+    os.environ["PREFECT_API_URL"] = api
+    return True
+
+
+def flow_params(args: argparse.Namespace):
+    """The flow and its parameter model from the command line."""
+    from tasks.params import EvaluateParams, PipelineParams, RetrainParams
+
+    common = {"preset": args.preset, "overrides": args.override, "output_dir": args.output_dir}
+    if args.flow == "evaluate":
+        from flows.evaluate import evaluate
+
+        return evaluate, EvaluateParams(**common, model=args.model, split=args.split)
+    margin = {} if args.margin is None else {"margin": args.margin}
+    if args.flow == "retrain":
+        from flows.retrain import retrain
+
+        return retrain, RetrainParams(**common, **margin)
+    from flows.pipeline import pipeline
+
+    return pipeline, PipelineParams(**common, **margin)
+
+
+def where_to_look(run_id: str, flow_run_id: str, output_dir: str) -> list[str]:
+    from tasks.report import mlflow_run_url, mlflow_ui_command, prefect_ui_url
+
+    prefect = prefect_ui_url()
+    prefect_line = (f"{prefect}/runs/flow-run/{flow_run_id}" if prefect else
+                    f"start `make ui`, then http://127.0.0.1:4200/runs/flow-run/{flow_run_id} "
+                    f"(this run is stored in {os.environ.get('PREFECT_HOME', '~/.prefect')})")
+    return [f"Run directory : {output_dir}",
+            f"MLflow        : {mlflow_run_url(run_id)}  (UI: `make ui` or `{mlflow_ui_command()}`)",
+            f"Prefect       : {prefect_line}"]
+
+
+def summary_lines(kind: str, result: dict) -> list[str]:
+    """Exact match before and after RL (or the evaluation) and the registry decision."""
+    if kind == "evaluate":
+        m = result["metrics"]
+        return [f"{result['model']} ({result['label']}) on {result['split']}: exact match greedy "
+                f"{m['greedy/em']:.3f}, sampled {m['sampled/em']:.3f}"]
+    w, f, p = result["warmup"], result["final"], result["promotion"]
+    rows = [("warm-up (before RL)", w), (f"after RL ({result['iterations']} PPO iterations)", f)]
+    return [f"{'Exact match on ' + result['split']:<34}greedy   sampled",
+            *(f"  {name:<32}{m['greedy/em']:.3f}    {m['sampled/em']:.3f}" for name, m in rows),
+            f"Registered agentr1-policy v{result['registered_version']}; champion is v{p['champion_after']} "
+            f"({p['reason']})"]
+
+
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    server = use_local_server()
+    flow, params = flow_params(args)
+    from tasks.validation import ValidationFailed
+
+    state = flow(params, return_state=True)
+    try:
+        result = state.result()
+    except ValidationFailed as exc:
+        print(f"agentr1: validation failed, nothing was trained or registered:\n{exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.json:
+        print(json.dumps(result, indent=1, sort_keys=True, default=str))
+        return EXIT_OK
+    flow_run_id = str(state.state_details.flow_run_id)
+    lines = summary_lines(args.flow, result) + where_to_look(result["run_id"], flow_run_id, result["output_dir"])
+    if not server and not os.environ.get("PREFECT_API_URL"):
+        lines.append("(no Prefect server was running: the flow used Prefect's ephemeral API)")
+    print("\n".join(lines))
+    return EXIT_OK
+
+
+def add_pipeline(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("pipeline", help="run a Prefect flow here (pipeline, retrain, evaluate); prints a summary")
+    p.add_argument("--flow", choices=FLOWS, default="pipeline")
+    p.add_argument("--preset", default="train", help="conf/<preset>.yaml or a YAML path (default: train)")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a config value by dotted key, e.g. -o ppo.iterations=5 (repeatable)")
+    p.add_argument("--output-dir", default=None, help="run directory (default: runs/<flow>/<UTC time>)")
+    p.add_argument("--margin", type=float, default=None, help="pipeline/retrain: promotion margin")
+    p.add_argument("--model", default="champion", help="evaluate: a policy dir, version, alias or models:/ URI")
+    p.add_argument("--split", default="test", help="evaluate: the split")
+    p.add_argument("--json", action="store_true", help="print the flow's result as JSON instead")
+    p.set_defaults(func=cmd_pipeline)

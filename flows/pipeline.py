@@ -1,0 +1,140 @@
+"""The end-to-end pipeline flow, and the training steps it shares with ``retrain``.
+
+    data -> validate -> warm-up -> evaluate warm-up -> PPO iterations (rollouts stored and
+    validated each time) -> final policy -> evaluate -> register -> champion alias if better
+
+One MLflow run per flow run (experiment ``agentr1-pipeline``); the flow's Prefect artifacts
+are a progress bar over the PPO iterations, a markdown summary with the metrics table and a
+link to the MLflow run, and the validation report when a suite fails (the flow then fails
+with nothing registered and no alias moved).
+
+    agentr1 pipeline [--preset train] [-o ppo.iterations=5 ...]     # run it here
+    make serve   # then press Run on deployment "pipeline/manual" in the Prefect UI
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from prefect import flow
+from prefect.runtime import flow_run
+
+from agentr1.config import Config
+from tasks import tracking
+from tasks.data import DataVersion, prepare_data, validate_data
+from tasks.params import PipelineParams, TrainForm, resolve_config
+from tasks.registry import DOWNLOADS_DIR, Promotion, fetch_model, promote_if_better, register_policy
+from tasks.report import Progress, metrics_table, publish_summary
+from tasks.training import (IterationResult, completed_iterations, evaluate_policy, ppo_iteration,
+                            save_final_policy, warm_up)
+
+SYSTEM_METRICS_INTERVAL_S = 10.0
+HEADLINE = ("greedy/em", "sampled/em", "greedy/f1", "sampled/f1")
+
+
+@dataclass
+class Candidate:
+    """A trained policy and how it scored (paths and numbers only)."""
+
+    output_dir: str
+    data: DataVersion
+    final_dir: str
+    warmup: dict[str, float]
+    final: dict[str, float]
+    iterations: list[IterationResult]
+
+    @property
+    def gain(self) -> dict[str, float]:
+        return {k: self.final[k] - self.warmup[k] for k in HEADLINE if k in self.final and k in self.warmup}
+
+
+def run_name(kind: str) -> str:
+    """``<kind>-<flow run name>`` (the Prefect run's name, so the two UIs cross-reference)."""
+    name = flow_run.get_name()
+    return f"{kind}-{name}" if name else kind
+
+
+def run_tags() -> dict[str, str | None]:
+    return {"prefect_flow_run_id": flow_run.get_id(), "prefect_flow_run": flow_run.get_name()}
+
+
+def train_ppo(cfg: Config, run_id: str, kind: str) -> list[IterationResult]:
+    """The PPO iterations still to do (resuming after the last checkpoint), one task each,
+    with a progress artifact updated after every iteration."""
+    total, start = cfg.ppo.iterations, completed_iterations(cfg)
+    progress = Progress.start(f"{kind}-ppo-progress", total, f"PPO iterations of {cfg.output_dir}")
+    results: list[IterationResult] = []
+    for it in range(start + 1, total + 1):
+        res = ppo_iteration(cfg, it, run_id)
+        results.append(res)
+        m = res.metrics
+        progress.update(it, f"iteration {it}/{total}: rollout EM {m['rollout/em']:.3f}, "
+                            f"reward {m['reward/total']:.3f}, KL {m['actor/ref_kl']:.4f}")
+    if start >= total:
+        progress.update(total, f"all {total} iterations were already in {cfg.output_dir}")
+    return results
+
+
+def train_candidate(cfg: Config, form: TrainForm, run_id: str, kind: str) -> Candidate:
+    """Data -> validation -> warm-up -> PPO -> final policy, each stage evaluated."""
+    data = prepare_data(cfg, form.data, run_id)
+    validate_data(data)
+    warm_dir = warm_up(cfg, run_id)
+    before = evaluate_policy(cfg, warm_dir, "warmup", run_id=run_id)
+    iterations = train_ppo(cfg, run_id, kind)
+    final_dir = save_final_policy(cfg, run_id)
+    after = evaluate_policy(cfg, final_dir, "final", run_id=run_id)
+    return Candidate(cfg.output_dir, data, final_dir, before, after, iterations)
+
+
+def challenge_champion(cfg: Config, version: str, scores: dict[str, float], form: PipelineParams,
+                       run_id: str) -> Promotion:
+    """Evaluate the current champion on the challenger's split and data, then promote or keep."""
+    current = tracking.champion(tracking.MODEL_NAME)
+    champion_version, champion_scores = None, None
+    if current is not None:
+        label, path = fetch_model(current[0], str(Path(cfg.output_dir) / DOWNLOADS_DIR))
+        champion_version = current[0]
+        champion_scores = evaluate_policy(cfg, path, f"champion-{label}", run_id=run_id)
+    return promote_if_better(version, scores, champion_version, champion_scores, form.metric, form.margin, run_id)
+
+
+def summary_sections(c: Candidate, version: str, decision: Promotion) -> list[str]:
+    last = c.iterations[-1].rollout_version if c.iterations else "none"
+    return [
+        "## Test metrics before and after RL", "",
+        metrics_table({"warm-up": c.warmup, "final": c.final}), "",
+        "## Registry", "",
+        f"- `{tracking.MODEL_NAME}` version **{version}**; champion now **v{decision.champion_after}** "
+        f"({'promoted' if decision.promoted else 'kept'}: {decision.reason})", "",
+        "## Lineage", "",
+        f"- data: `{c.data.path}` DVC `{c.data.md5}`{' (new version recorded)' if c.data.recorded else ''}",
+        f"- rollouts: {len(c.iterations)} batches under `{Path(c.output_dir) / 'rollouts'}`, last version `{last}`",
+        f"- run directory: `{c.output_dir}`",
+    ]
+
+
+def run_training_flow(kind: str, form: PipelineParams) -> dict:
+    """Shared body of ``pipeline`` and ``retrain``: train, evaluate, register, challenge."""
+    cfg = resolve_config(form, kind)
+    with tracking.start_run(tracking.EXPERIMENTS[kind], run_name(kind), tags=run_tags(),
+                            system_metrics_interval=SYSTEM_METRICS_INTERVAL_S) as run_id:
+        tracking.log_config(run_id, cfg)
+        cand = train_candidate(cfg, form, run_id, kind)
+        version = register_policy(cfg, cand.final_dir, run_id)
+        decision = challenge_champion(cfg, version, cand.final, form, run_id)
+        tracking.log_metrics(run_id, cand.gain, step=0, prefix="gain/")
+        publish_summary(f"{kind}-summary", f"{kind}: {run_name(kind)}", summary_sections(cand, version, decision),
+                        run_id)
+    summary = {"run_id": run_id, "output_dir": cand.output_dir, "data": asdict(cand.data), "split": cfg.eval.split,
+               "warmup": cand.warmup, "final": cand.final, "gain": cand.gain, "iterations": len(cand.iterations),
+               "registered_version": version, "promotion": asdict(decision)}
+    Path(cand.output_dir, "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    return summary
+
+
+@flow(name="pipeline", description="End to end: data, validation, warm-up, masked PPO, evaluation, registry.")
+def pipeline(params: PipelineParams = PipelineParams()) -> dict:
+    """Train a policy end to end, register it, and make it the champion if none yet or better."""
+    return run_training_flow("pipeline", params)

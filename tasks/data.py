@@ -1,0 +1,181 @@
+"""Data tasks: make (or convert) the dataset, version it with DVC, validate it with Great Expectations.
+
+The dataset's version is DVC's directory hash (``<md5>.dir``, what ``data.dvc`` records), so
+the MLflow tag and DVC agree on which data a run saw. Inside the DVC repository a dataset that
+differs from its ``.dvc`` file is recorded with ``dvc add`` (a new version); outside it (tests,
+scratch directories) the hash is still computed, nothing is recorded.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from agentr1.config import Config
+from agentr1.data.records import DataError, QARecord, load_dataset, write_dataset
+from agentr1.trainer import ensure_data
+from tasks import tracking
+from tasks.params import DataSource
+from tasks.validation import ValidationFailed, ValidationReport, summary_markdown, validate_dataset
+
+log = logging.getLogger("agentr1.tasks.data")
+
+DATA_REPORT_KEY = "data-validation-report"
+DVC_DIR = ".dvc"
+HASH_BUCKETS = 10_000  # resolution of the id-hash split of converted records
+
+
+@dataclass(frozen=True)
+class DataVersion:
+    """A dataset directory and its DVC identity (plain values: it travels between tasks)."""
+
+    path: str
+    md5: str
+    """DVC's directory hash, e.g. ``1b69...77.dir``."""
+    size: int
+    nfiles: int
+    dvc_file: str | None
+    """The ``.dvc`` file that records this directory, when there is one."""
+    recorded: bool
+    """True when this run recorded a new version with ``dvc add``."""
+    source: str
+
+
+# ----------------------------------------------------------------------------- DVC
+
+
+def dvc_root(path: Path) -> Path | None:
+    """The DVC repository containing ``path`` (the nearest parent with a ``.dvc/`` dir)."""
+    for parent in [path.resolve(), *path.resolve().parents]:
+        if (parent / DVC_DIR).is_dir():
+            return parent
+    return None
+
+
+def dir_hash(path: Path) -> tuple[str, int, int]:
+    """``(md5, size, nfiles)`` of a directory exactly as ``dvc add`` would record it."""
+    from dvc_data.hashfile.build import build
+    from dvc_data.hashfile.db import HashFileDB
+    from dvc_objects.fs import LocalFileSystem
+
+    fs = LocalFileSystem()
+    with tempfile.TemporaryDirectory() as scratch:  # dry run: nothing is written to an object store
+        _, meta, obj = build(HashFileDB(fs, scratch), str(path.resolve()), fs, "md5", dry_run=True)
+    return obj.hash_info.value, int(meta.size or 0), int(meta.nfiles or 0)
+
+
+def recorded_hash(dvc_file: Path) -> str | None:
+    """The md5 that a ``.dvc`` file records for its (single) output, None when absent."""
+    if not dvc_file.is_file():
+        return None
+    outs = (yaml.safe_load(dvc_file.read_text()) or {}).get("outs") or [{}]
+    return outs[0].get("md5")
+
+
+def version_dataset(data_dir: Path, record: bool, source: str) -> DataVersion:
+    """Hash the dataset; inside a DVC repo, ``dvc add`` it when it differs from its ``.dvc`` file."""
+    md5, size, nfiles = dir_hash(data_dir)
+    dvc_file = data_dir.with_name(data_dir.name + ".dvc")
+    root = dvc_root(data_dir)
+    recorded = False
+    if record and root is not None and recorded_hash(dvc_file) != md5:
+        from dvc.exceptions import DvcException
+        from dvc.repo import Repo
+
+        try:
+            with Repo(str(root)) as repo:
+                repo.add(str(data_dir.resolve()))
+            recorded = True
+            log.info("recorded a new version of %s with dvc add: %s", data_dir, md5)
+        except DvcException as exc:  # e.g. the directory lies inside another tracked output
+            log.warning("dataset %s not recorded by DVC: %s", data_dir, exc)
+    return DataVersion(str(data_dir), md5, size, nfiles, str(dvc_file) if dvc_file.is_file() else None,
+                       recorded, source)
+
+
+# ----------------------------------------------------------------------------- making data
+
+
+def split_of(record_id: str, dev_fraction: float, test_fraction: float) -> str:
+    """A stable split for a record id (a hash, so adding records never moves old ones)."""
+    bucket = int(hashlib.sha256(record_id.encode()).hexdigest(), 16) % HASH_BUCKETS / HASH_BUCKETS
+    if bucket < test_fraction:
+        return "test"
+    return "dev" if bucket < test_fraction + dev_fraction else "train"
+
+
+def convert_dataset(source: DataSource, out_dir: Path) -> None:
+    """HotpotQA / MuSiQue -> ``out_dir`` with train/dev/test splits by id hash."""
+    from agentr1.data.convert import convert
+
+    if not source.input:
+        raise ValueError(f"data source {source.kind!r} needs an input file (data.input)")
+    records, corpus = convert(source.kind, source.input)
+    splits: dict[str, list[QARecord]] = {"train": [], "dev": [], "test": []}
+    for r in records:
+        splits[split_of(r.id, source.dev_fraction, source.test_fraction)].append(r)
+    write_dataset(out_dir, {k: v for k, v in splits.items() if v}, corpus)
+
+
+@task(name="prepare-data", cache_policy=NO_CACHE)
+def prepare_data(cfg: Config, source: DataSource, run_id: str | None = None) -> DataVersion:
+    """Make the dataset in ``cfg.data.dir`` if it is not there (synthetic or converted), then
+    version it; tags the MLflow run with the DVC hash and logs the splits as its inputs."""
+    data_dir = Path(cfg.data.dir)
+    if not (data_dir / "corpus.jsonl").exists():
+        if source.kind == "synthetic":
+            ensure_data(cfg)
+        else:
+            convert_dataset(source, data_dir)
+    version = version_dataset(data_dir, source.version, source.kind)
+    if run_id:
+        tracking.set_tags(run_id, {tracking.TAG_DATA_HASH: version.md5, "data_dir": str(data_dir)})
+        for split_file in sorted((data_dir / "qa").glob("*.jsonl")):
+            tracking.log_dataset(run_id, split_file, name=f"qa-{split_file.stem}", context=split_file.stem,
+                                 digest=version.md5)
+    return version
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def record_error_report(data_dir: Path, err: DataError) -> ValidationReport:
+    """A loader error (what the record schema rejects beyond the GX suites) as a report."""
+    failure = {"check": "records", "rule": "every row loads as a record", "expectation": "(agentr1 loader)",
+               "column": None, "field": err.field or "(row)", "observed": str(err), "unexpected_count": 1,
+               "rows": [{"file": err.path, "line": err.line or 0, "id": "", "field": err.field or "",
+                         "value": err.message}]}
+    return ValidationReport("records", False, 0, [failure], str(data_dir), 1)
+
+
+def publish_failure(reports: list[ValidationReport], key: str, description: str) -> None:
+    """The failing reports as a markdown artifact, then raise ValidationFailed (stops the flow)."""
+    create_markdown_artifact(summary_markdown(reports), key=key, description=description)
+    raise ValidationFailed(next(r for r in reports if not r.success))
+
+
+@task(name="validate-data", cache_policy=NO_CACHE)
+def validate_data(data: DataVersion, max_hops: int = 4) -> list[dict]:
+    """Great Expectations suites over the corpus and every split, then the record loaders.
+
+    On a failure the report becomes the ``data-validation-report`` artifact and the task
+    raises ``ValidationFailed``; nothing downstream runs.
+    """
+    data_dir = Path(data.path)
+    reports = validate_dataset(data_dir, max_hops=max_hops)
+    if all(r.success for r in reports):
+        try:
+            load_dataset(data_dir)
+        except DataError as err:
+            reports.append(record_error_report(data_dir, err))
+    if not all(r.success for r in reports):
+        publish_failure(reports, DATA_REPORT_KEY, f"dataset {data_dir} (DVC {data.md5}) failed validation")
+    log.info("dataset %s passed %d suites", data_dir, len(reports))
+    return [{"suite": r.suite, "source": r.source, "rows": r.n_rows, "checks": r.n_checks} for r in reports]

@@ -1,0 +1,187 @@
+"""Training tasks: warm-up, one PPO iteration, the final checkpoint, evaluation.
+
+Thin wrappers over :mod:`agentr1.trainer`. Tasks pass paths and run ids, never models: each
+PPO iteration opens a :class:`~agentr1.trainer.PPOSession` from the last checkpoint, collects
+rollouts, stores them as a versioned Parquet dataset under the run, validates that file,
+updates the policy on it and saves the checkpoint. A batch that fails validation stops the
+iteration before the update, so the checkpoint on disk stays the previous one.
+
+Run layout (``cfg.output_dir``): the trainer's (``warmup/``, ``checkpoints/last/``, ``final/``,
+``eval_*.json``, ``trajectories_*.txt``) plus ``rollouts/iter-NNNN.parquet``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from agentr1 import checkpoint as ckpt
+from agentr1.config import Config, config_hash
+from agentr1.trainer import PPOSession, Workspace, run_eval, warmup
+from tasks import tracking
+from tasks.data import publish_failure
+from tasks.validation import validate_rollouts
+
+log = logging.getLogger("agentr1.tasks.training")
+
+ROLLOUT_REPORT_KEY = "rollout-validation-report"
+ROLLOUTS_DIR = "rollouts"
+WARMUP_DIR = "warmup"
+FINAL_DIR = "final"
+LAST_DIR = Path("checkpoints") / "last"
+
+# Workspaces (data + search index + environment) are read-only and take seconds to build;
+# the tasks of one flow run share them within the process instead of rebuilding per task.
+_WORKSPACES: dict[tuple, Workspace] = {}
+_WORKSPACES_LOCK = threading.Lock()  # tasks may be submitted to a thread pool
+
+
+@dataclass(frozen=True)
+class IterationResult:
+    """What one PPO iteration leaves behind (paths and numbers only)."""
+
+    iteration: int
+    """Iterations completed, this one included (the MLflow step of its metrics)."""
+    metrics: dict[str, float]
+    checkpoint: str
+    rollouts: str
+    rollout_version: str
+
+
+def _data_fingerprint(data_dir: Path) -> tuple:
+    return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(data_dir.rglob("*.jsonl")))
+
+
+def workspace(cfg: Config) -> Workspace:
+    """``Workspace.build(cfg)``, its data and environment shared by tasks with the same data,
+    environment, rewards and device (the rest of ``cfg`` is the caller's own)."""
+    data_dir = Path(cfg.data.dir)
+    key = (cfg.data.model_dump_json(), cfg.env.model_dump_json(), cfg.reward.model_dump_json(), cfg.device,
+           _data_fingerprint(data_dir) if data_dir.exists() else ())
+    with _WORKSPACES_LOCK:
+        if key not in _WORKSPACES:
+            _WORKSPACES.clear()  # one dataset at a time: a stale one is never reused
+            _WORKSPACES[key] = Workspace.build(cfg)
+        return dataclasses.replace(_WORKSPACES[key], cfg=cfg)
+
+
+def metrics_logger(run_id: str | None):
+    """A trainer ``log_metrics(metrics, step)`` callback writing to the MLflow run."""
+    if not run_id:
+        return None
+    return lambda metrics, step: tracking.log_metrics(run_id, metrics, step=step)
+
+
+def completed_iterations(cfg: Config) -> int:
+    """PPO iterations already in ``checkpoints/last`` (0 when there is none)."""
+    last = Path(cfg.output_dir) / LAST_DIR
+    return ckpt.load_state(last)["iteration"] if (last / ckpt.STATE_FILE).exists() else 0
+
+
+@task(name="warm-up", cache_policy=NO_CACHE)
+def warm_up(cfg: Config, run_id: str | None = None) -> str:
+    """Supervised warm-up on noisy-expert transcripts; returns ``output_dir/warmup`` (reused
+    when a previous attempt of this run finished it)."""
+    out = Path(cfg.output_dir) / WARMUP_DIR
+    if (out / "config.json").exists():
+        log.info("reusing the warm-up checkpoint %s", out)
+    else:
+        warmup(cfg, workspace(cfg), metrics_logger(run_id))
+    return str(out)
+
+
+@task(name="validate-rollouts", task_run_name="validate-rollouts-{iteration}", cache_policy=NO_CACHE)
+def check_rollouts(path: str, max_length: int, bound: float, iteration: int) -> dict:
+    """Great Expectations on one stored batch (rewards within ``[-bound, bound]``); a failure
+    becomes the ``rollout-validation-report`` artifact and raises ``ValidationFailed``."""
+    report = validate_rollouts(path, max_length=max_length, reward_bounds=(-bound, bound))
+    if not report.success:
+        publish_failure([report], ROLLOUT_REPORT_KEY, f"rollout batch of iteration {iteration} failed validation")
+    return {"rows": report.n_rows, "checks": report.n_checks}
+
+
+def reward_bound(cfg: Config) -> float:
+    """No reward of an episode can exceed, in size, every weight at once on every turn: the
+    bound rollouts are checked against, so that it follows the configured weights."""
+    weights = [abs(v) for v in cfg.reward.model_dump().values() if isinstance(v, float)]
+    return max(1.0, sum(weights)) * cfg.env.max_turns
+
+
+def rollouts_path(cfg: Config, iteration: int) -> Path:
+    return Path(cfg.output_dir) / ROLLOUTS_DIR / f"iter-{iteration:04d}.parquet"
+
+
+@task(name="ppo-iteration", task_run_name="ppo-iteration-{iteration}", cache_policy=NO_CACHE)
+def ppo_iteration(cfg: Config, iteration: int, run_id: str | None = None) -> IterationResult:
+    """Iteration ``iteration`` (1-based): open session -> collect -> store rollouts ->
+    validate them -> update -> save the checkpoint -> log."""
+    from agentr1.rollout.store import write_rollouts
+
+    session = PPOSession(cfg, workspace(cfg))
+    if session.iteration != iteration - 1:
+        raise RuntimeError(f"{cfg.output_dir}: checkpoint is at iteration {session.iteration}, "
+                           f"cannot run iteration {iteration}")
+    trajs = session.collect()
+    meta = {"run_id": run_id, "config_hash": config_hash(cfg), "iteration": iteration}
+    stored = write_rollouts(trajs, rollouts_path(cfg, iteration), iteration, meta)
+    check_rollouts(str(stored.path), cfg.env.max_context_tokens, reward_bound(cfg), iteration)
+    metrics = session.update(trajs)
+    saved = session.save()
+    if run_id:
+        tracking.log_metrics(run_id, metrics, step=iteration)
+        tracking.log_dataset(run_id, stored.path, name=f"rollouts-{iteration:04d}", context="rollouts",
+                             digest=stored.version)
+        tracking.set_tags(run_id, {tracking.TAG_ROLLOUT_VERSION: stored.version})
+    return IterationResult(iteration, metrics, str(saved), str(stored.path), stored.version)
+
+
+@task(name="save-final-policy", cache_policy=NO_CACHE)
+def save_final_policy(cfg: Config, run_id: str | None = None) -> str:
+    """``final/``: the last PPO policy (the warm-up one after zero iterations), plus
+    ``metrics.jsonl`` and ``learning_curve.png``; logged to the run as artifacts."""
+    from agentr1.plots import plot_learning_curve
+
+    out = Path(cfg.output_dir)
+    last = out / LAST_DIR
+    source = last / ckpt.POLICY_DIR if last.exists() else out / WARMUP_DIR
+    final = ckpt.atomic_dir(out / FINAL_DIR, lambda d: shutil.copytree(source, d, dirs_exist_ok=True))
+    history = ckpt.load_state(last).get("history", []) if last.exists() else []
+    (out / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+    curve = None
+    if history:
+        curve = plot_learning_curve(history, out / "learning_curve.png", title=f"masked PPO ({cfg.ppo.estimator})")
+    if run_id:
+        tracking.log_artifacts(run_id, out / "metrics.jsonl")
+        if curve:
+            tracking.log_plot(run_id, curve)
+    return str(final)
+
+
+@task(name="evaluate", task_run_name="evaluate-{tag}", cache_policy=NO_CACHE)
+def evaluate_policy(cfg: Config, policy_dir: str, tag: str, split: str | None = None,
+                    run_id: str | None = None) -> dict[str, float]:
+    """Greedy and sampled episodes of the policy in ``policy_dir`` on ``split`` (default
+    ``cfg.eval.split``); metrics go to MLflow as ``eval/{tag}/...``, the JSON and rendered
+    trajectories as artifacts. Returns the flat metrics (``greedy/em``, ...)."""
+    from models.chat import ChatFormat
+    from models.policy import load_actor_critic
+
+    ws = workspace(cfg)
+    split = split or cfg.eval.split
+    if split not in ws.splits:
+        raise ValueError(f"{ws.data_dir}: no split {split!r}; available: {sorted(ws.splits)}")
+    model, tokenizer = load_actor_critic(policy_dir, device=ws.device)
+    result = run_eval(cfg, ws, model, tokenizer, ChatFormat(tokenizer, ws.tools), tag, split)
+    if run_id:
+        out = Path(cfg.output_dir)
+        tracking.log_metrics(run_id, result.metrics, step=0, prefix=f"eval/{tag}/")
+        tracking.log_artifacts(run_id, out / f"eval_{tag}.json", out / f"trajectories_{tag}.txt",
+                               artifact_path="evaluation")
+    return result.metrics

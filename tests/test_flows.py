@@ -1,0 +1,384 @@
+"""Prefect tasks and flows on a tiny world, against one temporary Prefect server.
+
+The served-deployment test runs the pipeline the way the UI's Run button does (a flow run of
+a deployment, picked up by a Runner, executed in a subprocess). The other flow tests call the
+flows in-process, seeding the run directory with one shared warm-up so they skip it.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_convert import HOTPOT_RECORD
+from test_trainer import TINY
+
+from agentr1.config import ConfigError, load_config
+from agentr1.data.records import load_dataset
+from agentr1.trainer import PPOSession, ensure_data
+from tasks import tracking
+from tasks.data import dir_hash, recorded_hash, split_of, version_dataset
+from tasks.params import DataSource, EvaluateParams, PipelineParams, RetrainParams, preset_path, resolve_config
+from tasks.registry import compare, parse_model_ref
+from tasks.report import metrics_table
+
+FAST = ["ppo.iterations=1", "eval.max_examples=4", "env.max_turns=2", "env.max_turn_tokens=8"]
+SERVER_STARTUP_S = 120
+FLOW_RUN_TIMEOUT_S = 240
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """One temporary Prefect server (SQLite in a temp dir) for every flow test."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=SERVER_STARTUP_S):
+        yield
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("flows") / "data"
+    ensure_data(load_config("conf/train.yaml", [f"data.dir={d}", *TINY]))
+    return d
+
+
+def form(data_dir: Path, out: Path, *extra: str, cls=PipelineParams, **fields):
+    """A flow form on the tiny world: one PPO iteration (unless ``extra`` says otherwise), and
+    short episodes and evaluations, where the time of these flows goes (token by token)."""
+    return cls(overrides=[f"data.dir={data_dir}", *TINY, *FAST, *extra], output_dir=str(out),
+               data=DataSource(version=False), **fields)
+
+
+@pytest.fixture(scope="module")
+def warm_dir(data_dir, tmp_path_factory) -> Path:
+    """One tiny warm-up checkpoint; copied into run dirs so the flows reuse it."""
+    from tasks.training import warm_up
+
+    out = tmp_path_factory.mktemp("warm")
+    return Path(warm_up.fn(resolve_config(form(data_dir, out), "test")))
+
+
+def seeded_run(tmp_path: Path, warm_dir: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(warm_dir, run / "warmup")
+    return run
+
+
+@pytest.fixture(scope="module")
+def champion(warm_dir) -> str:
+    """A registered champion (the warm-up policy) when no test has made one yet."""
+    current = tracking.champion(tracking.MODEL_NAME)
+    if current is not None:
+        return current[0]
+    with tracking.start_run("agentr1-test", "seed-champion") as run_id:
+        tracking.log_metrics(run_id, {"eval/final/greedy/em": 0.0}, step=0)
+        version = tracking.register(tracking.log_policy_model(run_id, warm_dir))
+    tracking.set_champion(tracking.MODEL_NAME, version)
+    return version
+
+
+def registry_state() -> tuple[list[str], str | None]:
+    """(registered versions, champion version)."""
+    versions = tracking.client().search_model_versions(f"name='{tracking.MODEL_NAME}'")
+    current = tracking.champion(tracking.MODEL_NAME)
+    return sorted(str(v.version) for v in versions), current[0] if current else None
+
+
+def artifacts_of(flow_run_id) -> dict[str, object]:
+    """{key: data} of the artifacts a flow run (or its tasks) created."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return {a.key: a.data for a in found}
+
+
+def run_failing(flow, params):
+    """Run a flow expected to fail; returns (exception, flow run id)."""
+    state = flow(params, return_state=True)
+    assert state.is_failed(), state
+    with pytest.raises(Exception) as info:
+        state.result()
+    return info.value, state.state_details.flow_run_id
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def test_form_resolves_preset_then_knobs_then_overrides(tmp_path):
+    cfg = resolve_config(PipelineParams(ppo_iterations=3, loss_mask=False, overrides=["ppo.iterations=5"],
+                                        output_dir=str(tmp_path)), "pipeline")
+    assert cfg.ppo.iterations == 5, "an override wins over a knob"
+    assert cfg.ppo.loss_mask is False and cfg.env.tools_in_prompt is False  # knob; preset value kept
+    assert cfg.output_dir == str(tmp_path)
+
+
+def test_each_flow_run_gets_its_own_directory_unless_one_is_named():
+    a, b = (resolve_config(PipelineParams(), "pipeline").output_dir for _ in range(2))
+    assert a != b and a.startswith("runs/pipeline/")
+    assert resolve_config(PipelineParams(overrides=["output_dir=runs/x"]), "pipeline").output_dir == "runs/x"
+
+
+def test_bad_preset_and_bad_override_name_the_problem():
+    with pytest.raises(FileNotFoundError, match="train"):
+        preset_path("nope")
+    with pytest.raises(ConfigError, match="ppo.lr"):
+        resolve_config(PipelineParams(overrides=["ppo.lr=-1"]), "pipeline")
+
+
+# ----------------------------------------------------------------------------- data, DVC
+
+
+def test_converted_records_split_stably_by_id():
+    ids = [f"q{i}" for i in range(2000)]
+    splits = [split_of(i, 0.1, 0.2) for i in ids]
+    assert splits == [split_of(i, 0.1, 0.2) for i in ids]
+    assert 0.15 < splits.count("test") / len(ids) < 0.25 and 0.06 < splits.count("dev") / len(ids) < 0.14
+
+
+def test_converted_dataset_gets_train_dev_test_splits(tmp_path):
+    from tasks.data import prepare_data
+
+    records = [{**HOTPOT_RECORD, "_id": f"h{i}"} for i in range(40)]
+    source = tmp_path / "hotpot.json"
+    source.write_text(json.dumps(records))
+    cfg = load_config("conf/train.yaml", [f"data.dir={tmp_path / 'data'}"])
+    version = prepare_data.fn(cfg, DataSource(kind="hotpotqa", input=str(source), version=False))
+    splits, corpus = load_dataset(tmp_path / "data")
+    assert set(splits) == {"train", "dev", "test"} and sum(map(len, splits.values())) == len(records)
+    assert {r.id for r in splits["test"]} == {f"h{i}" for i in range(40) if split_of(f"h{i}", 0.1, 0.2) == "test"}
+    assert version.source == "hotpotqa" and version.nfiles == 4 and len(corpus) == 3
+    with pytest.raises(ValueError, match="input"):
+        prepare_data.fn(load_config(None, [f"data.dir={tmp_path / 'other'}"]), DataSource(kind="musique"))
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inside DVC
+def test_dataset_version_is_dvc_hash_and_dvc_add_records_changes(data_dir, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(data_dir, repo / "data")
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=repo, check=True)
+    first = version_dataset(repo / "data", record=True, source="synthetic")
+    assert first.recorded and recorded_hash(repo / "data.dvc") == first.md5 == dir_hash(repo / "data")[0]
+    assert not version_dataset(repo / "data", record=True, source="synthetic").recorded, "unchanged: no new version"
+    (repo / "data" / "qa" / "dev.jsonl").write_text("")
+    changed = version_dataset(repo / "data", record=True, source="synthetic")
+    assert changed.recorded and changed.md5 != first.md5 and recorded_hash(repo / "data.dvc") == changed.md5
+    outside = version_dataset(data_dir, record=True, source="synthetic")
+    assert not outside.recorded and outside.dvc_file is None and outside.md5.endswith(".dir")
+
+
+def test_tasks_share_one_workspace_but_keep_their_own_config(data_dir, tmp_path):
+    from tasks.training import workspace
+
+    a, b, c = (resolve_config(form(data_dir, tmp_path, *extra), "test")
+               for extra in ([], ["sft.expert.distractor=0.5"], ["env.top_k=2"]))
+    assert workspace(b).env is workspace(a).env and workspace(b).cfg.sft.expert.distractor == 0.5
+    assert workspace(c).env is not workspace(a).env and workspace(c).env.config.top_k == 2
+
+
+# ----------------------------------------------------------------------------- registry, report
+
+
+def test_promotion_needs_a_win_beyond_the_margin():
+    assert compare("2", {"greedy/em": 0.5}, None, None, "greedy/em", 0.1).promoted
+    assert compare("2", {"greedy/em": 0.55}, "1", {"greedy/em": 0.5}, "greedy/em", 0.02).promoted
+    kept = compare("2", {"greedy/em": 0.51}, "1", {"greedy/em": 0.5}, "greedy/em", 0.02)
+    assert not kept.promoted and kept.champion_after == "1" and "does not beat" in kept.reason
+
+
+def test_model_references():
+    assert parse_model_ref("3") == ("agentr1-policy", "3", None)
+    assert parse_model_ref("champion") == ("agentr1-policy", None, "champion")
+    assert parse_model_ref("models:/m@best") == ("m", None, "best")
+    assert parse_model_ref("models:/m/7") == ("m", "7", None)
+
+
+def test_metrics_table_rows_and_gain():
+    table = metrics_table({"warm-up": {"greedy/em": 0.25}, "final": {"greedy/em": 0.75, "sampled/em": 0.5}})
+    assert "| greedy/em | 0.250 | 0.750 | 0.500 |" in table
+    assert "| sampled/em |  | 0.500 |  |" in table and "greedy/f1" not in table
+
+
+# ----------------------------------------------------------------------------- deployments
+
+
+def test_prefect_yaml_declares_the_deployments_with_valid_forms():
+    from flows.serve import deployment_specs, to_deployment
+
+    specs = {s["name"]: s for s in deployment_specs()}
+    assert {"manual", "nightly", "on-demand"} <= set(specs)
+    forms = {"pipeline": PipelineParams, "retrain": RetrainParams, "evaluate": EvaluateParams}
+    for spec in specs.values():
+        dep = to_deployment(spec)
+        forms[dep.flow_name](**dep.parameters["params"])  # the defaults validate
+    nightly = to_deployment(specs["nightly"])
+    assert nightly.flow_name == "retrain" and nightly.schedules[0].schedule.cron == "0 3 * * *"
+    assert not to_deployment(specs["manual"]).schedules
+
+
+@pytest.mark.slow
+def test_served_deployment_runs_with_the_form_defaults(prefect_api, data_dir, warm_dir, tmp_path):
+    """Deploy the pipeline with tiny defaults, create a run as the UI's Run button does (no
+    parameters given), and let a Runner execute it (from a seeded warm-up, to save time)."""
+    from prefect import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.deployments import run_deployment
+    from prefect.runner import Runner
+
+    from flows.serve import deployment_specs, to_deployment
+
+    spec = next(s for s in deployment_specs() if s["name"] == "manual")
+    defaults = {"params": form(data_dir, seeded_run(tmp_path, warm_dir), "ppo.iterations=2").model_dump(mode="json")}
+    deployment = to_deployment(spec, parameters=defaults)
+
+    async def run() -> object:
+        runner = Runner(name="test-runner", query_seconds=1)
+        await runner.aadd_deployment(deployment)
+        created = await run_deployment(f"pipeline/{spec['name']}", timeout=0)
+        await asyncio.wait_for(runner.start(run_once=True), FLOW_RUN_TIMEOUT_S)
+        async with get_client() as client:
+            schema = (await client.read_deployment_by_name(f"pipeline/{spec['name']}")).parameter_openapi_schema
+            return await client.read_flow_run(created.id), schema
+
+    flow_run, schema = asyncio.run(run())
+    assert flow_run.state.type == StateType.COMPLETED, flow_run.state
+    assert flow_run.parameters == defaults
+    assert {"preset", "overrides", "margin", "ppo_iterations"} <= set(schema["definitions"]["PipelineParams"]["properties"])
+
+    arts = artifacts_of(flow_run.id)
+    assert float(arts["pipeline-ppo-progress"]) == pytest.approx(100.0)
+    assert "greedy/em" in arts["pipeline-summary"] and "/#/experiments/" in arts["pipeline-summary"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["iterations"] == 2 and summary["promotion"]["champion_after"] is not None
+    assert sorted(p.name for p in (tmp_path / "run" / "rollouts").iterdir()) == ["iter-0001.parquet",
+                                                                               "iter-0002.parquet"]
+    tags = tracking.client().get_run(summary["run_id"]).data.tags
+    assert tags["prefect_flow_run_id"] == str(flow_run.id)
+    assert tags[tracking.TAG_DATA_HASH] == summary["data"]["md5"]
+    assert tags[tracking.TAG_CONFIG_HASH] and tags[tracking.TAG_ROLLOUT_VERSION]
+
+
+# ----------------------------------------------------------------------------- failures
+
+
+def _corrupt(path: Path, line: int, edit) -> None:
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    edit(rows, line)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+FAULTS = {
+    "no_answers": ("train", "answers", lambda rows, i: rows[i].update(answers=[])),
+    "empty_question": ("dev", "question", lambda rows, i: rows[i].update(question="")),
+    "missing_support": ("test", "supporting_docs", lambda rows, i: rows[i].update(supporting_docs=["no-such-doc"])),
+    "duplicate_ids": ("train", "id", lambda rows, i: rows[i].update(id=rows[0]["id"])),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_corrupt_data_fails_the_flow_with_a_report_and_changes_nothing(fault, prefect_api, data_dir, tmp_path):
+    from flows.pipeline import pipeline
+
+    split, field, edit = FAULTS[fault]
+    bad = tmp_path / "data"
+    shutil.copytree(data_dir, bad)
+    _corrupt(bad / "qa" / f"{split}.jsonl", 2, edit)
+    before = registry_state()
+    error, flow_run_id = run_failing(pipeline, form(bad, tmp_path / "run"))
+    assert type(error).__name__ == "ValidationFailed"
+    report = artifacts_of(flow_run_id)["data-validation-report"]
+    assert f"field `{field}`" in report and f"{split}.jsonl:3" in report
+    assert not (tmp_path / "run").exists(), "nothing may be written for a rejected dataset"
+    assert registry_state() == before
+
+
+def test_corrupted_rollout_batch_stops_before_the_update(prefect_api, data_dir, warm_dir, tmp_path, monkeypatch):
+    from flows.pipeline import pipeline
+
+    collect = PPOSession.collect
+
+    def corrupted(self):
+        trajs = collect(self)
+        trajs[1].outcome_reward = float("nan")
+        trajs[2].action_mask = trajs[2].action_mask[:-1]
+        return trajs
+
+    monkeypatch.setattr(PPOSession, "collect", corrupted)
+    run = seeded_run(tmp_path, warm_dir)
+    before = registry_state()
+    error, flow_run_id = run_failing(pipeline, form(data_dir, run))
+    assert type(error).__name__ == "ValidationFailed"
+    report = artifacts_of(flow_run_id)["rollout-validation-report"]
+    assert "outcome_reward" in report and "action_mask" in report and "iter-0001.parquet row 1" in report
+    assert not (run / "checkpoints").exists() and not (run / "final").exists()
+    assert registry_state() == before
+
+
+# ----------------------------------------------------------------------------- retrain, evaluate
+
+
+@pytest.mark.slow
+def test_retrain_keeps_the_champion_when_the_challenger_is_not_better(prefect_api, data_dir, warm_dir, champion,
+                                                                     tmp_path):
+    from flows.retrain import retrain
+
+    versions, current = registry_state()
+    # EM lies in [0, 1]: no challenger can beat the champion by more than 1.
+    result = retrain(form(data_dir, seeded_run(tmp_path, warm_dir), cls=RetrainParams, margin=1.0))
+    assert not result["promotion"]["promoted"]
+    assert registry_state() == (sorted([*versions, result["registered_version"]]), current)
+    assert result["promotion"]["champion_score"] is not None, "the champion was evaluated again"
+
+
+@pytest.mark.slow
+def test_retrain_promotes_a_better_challenger(prefect_api, data_dir, warm_dir, champion, tmp_path):
+    from flows.retrain import retrain
+
+    _, current = registry_state()
+    # A margin of -1 counts any challenger as better: promotion itself is what is tested.
+    result = retrain(form(data_dir, seeded_run(tmp_path, warm_dir), cls=RetrainParams, margin=-1.0))
+    assert result["promotion"]["promoted"] and result["promotion"]["champion_before"] == current
+    assert registry_state()[1] == result["registered_version"] != current
+    experiment = tracking.client().get_run(result["run_id"]).info.experiment_id
+    assert tracking.client().get_experiment(experiment).name == "agentr1-retrain"
+
+
+def test_evaluate_flow_on_the_registered_champion(prefect_api, data_dir, champion, tmp_path):
+    from flows.evaluate import evaluate
+
+    params = EvaluateParams(model="champion", split="dev", output_dir=str(tmp_path / "eval"),
+                            overrides=[f"data.dir={data_dir}", *TINY, *FAST])
+    result = evaluate(params)
+    assert result["label"] == f"v{registry_state()[1]}" and 0.0 <= result["metrics"]["greedy/em"] <= 1.0
+    assert result["metrics"]["greedy/n"] == 4  # the whole dev split of the tiny world
+    run = tracking.client().get_run(result["run_id"])
+    assert f"eval/v{registry_state()[1]}/greedy/em" in run.data.metrics
+
+
+def test_cli_runs_a_flow_and_says_where_to_look(prefect_api, data_dir, champion, tmp_path, capsys, monkeypatch):
+    from prefect.settings import PREFECT_API_URL
+
+    from agentr1.cli import main
+
+    monkeypatch.setenv("PREFECT_API_URL", PREFECT_API_URL.value())  # never a server someone runs here
+    overrides = [x for o in [f"data.dir={data_dir}", *TINY, *FAST] for x in ("-o", o)]
+    assert main(["pipeline", "--flow", "evaluate", "--split", "dev", "--output-dir", str(tmp_path / "e"),
+                 *overrides]) == 0
+    out = capsys.readouterr().out
+    assert f"champion (v{registry_state()[1]}) on dev: exact match greedy" in out
+    assert "Run directory : " + str(tmp_path / "e") in out and "/#/experiments/" in out
+    assert "/runs/flow-run/" in out
+    bad = tmp_path / "bad"
+    shutil.copytree(data_dir, bad)
+    _corrupt(bad / "qa" / "dev.jsonl", 0, FAULTS["empty_question"][2])
+    assert main(["pipeline", "--output-dir", str(tmp_path / "p"), *overrides, "-o", f"data.dir={bad}"]) == 2
+    assert "validation failed" in capsys.readouterr().err
