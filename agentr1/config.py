@@ -103,7 +103,7 @@ class SFTConfig(_Section):
     episodes: int = Field(4000, ge=1)
     steps: int = Field(600, ge=0)
     batch_size: int = Field(32, ge=1)
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(2e-3, gt=0)
     warmup_steps: int = Field(30, ge=0)
     weight_decay: float = 0.0
     expert: ExpertConfig = ExpertConfig()
