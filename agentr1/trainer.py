@@ -219,6 +219,7 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     model.train()
     gen = torch.Generator().manual_seed(cfg.seed)
     batches = iter(())
+    metrics = {"sft/loss": float("nan"), "sft/token_acc": float("nan")}  # sft.steps=0: no warm-up
     bar = tqdm(range(cfg.sft.steps), desc="warm-up", mininterval=5, disable=None)
     for step in bar:
         idx = next(batches, None)

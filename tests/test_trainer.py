@@ -115,3 +115,9 @@ def test_cli_evaluate_prints_metrics(data_dir, tmp_path, capsys):
     metrics = json.loads(capsys.readouterr().out)
     assert metrics["greedy/n"] == 12.0 and "sampled/em" in metrics
     assert (tmp_path / "ev" / "eval_test.json").exists()
+
+
+@pytest.mark.parametrize("path", sorted(__import__("glob").glob("conf/*.yaml")))
+def test_every_shipped_config_validates(path):
+    cfg = load_config(path)
+    assert cfg.model.kind in ("scratch", "pretrained")
