@@ -23,7 +23,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -c "import torch, transformers, agentr1; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 	touch $@
 
-setup: $(VENV)/.installed
+# Set-up also materialises data/ as data.dvc pins it, so `dvc repro` works right after it.
+setup: $(VENV)/.installed data/corpus.jsonl
 
 test: setup
 	$(VENV)/bin/pytest -q
@@ -45,10 +46,15 @@ DATA_SYNTH := --seed 0 --n-train 4000 --n-dev 200 --n-test 300
 DVC := $(VENV)/bin/dvc
 .PHONY: data dvc-repro
 
+DATA_CHECK = $(DVC) commit --quiet data.dvc < /dev/null || { echo "data/ does not match data.dvc:" \
+	"remove data/ and run 'make data' again" >&2; exit 1; }
+
 data: setup
-	test -f data/corpus.jsonl || $(VENV)/bin/agentr1 data synth --out data $(DATA_SYNTH) > /dev/null
-	$(DVC) commit --quiet data.dvc < /dev/null || { echo "data/ does not match data.dvc:" \
-	  "remove data/ and run 'make data' again" >&2; exit 1; }
+	$(DATA_CHECK)
+
+data/corpus.jsonl: | $(VENV)/.installed
+	$(VENV)/bin/agentr1 data synth --out data $(DATA_SYNTH) > /dev/null
+	$(DATA_CHECK)
 
 # The DVC pipeline (dvc.yaml); its stages call `agentr1`, so the venv goes first on PATH.
 dvc-repro: data
