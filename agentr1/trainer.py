@@ -14,7 +14,6 @@ Run layout under ``cfg.output_dir``::
 """
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
