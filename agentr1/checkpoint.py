@@ -8,15 +8,14 @@ into place, so a crash never leaves a half-written checkpoint under the final na
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
+
+from agentr1.fsutil import atomic_dir
 
 STATE_FILE = "state.json"
 TRAINER_FILE = "trainer_state.pt"
@@ -36,27 +35,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def atomic_dir(final: Path, write: Callable[[Path], None]) -> Path:
-    """Run ``write(tmp_dir)`` then move ``tmp_dir`` to ``final`` (replacing an older one)."""
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
-        write(tmp)
-        if final.exists():
-            old = final.with_name(f".{final.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
 
 
 def save_checkpoint(path: Path, save_policy: Callable[[Path], None], optimizer, scheduler,

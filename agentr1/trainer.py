@@ -243,7 +243,7 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     model = acc.unwrap_model(model)
     model.eval()
     out = Path(cfg.output_dir) / "warmup"
-    ckpt.atomic_dir(out, lambda d: save_actor_critic(model, tokenizer, d))
+    save_actor_critic(model, tokenizer, out)
     (out / "warmup_stats.json").write_text(json.dumps(
         {"expert_em": expert_em, "episodes": len(episodes), "steps": cfg.sft.steps,
          "seconds": time.time() - t0, "final_loss": metrics["sft/loss"]}, indent=1))
@@ -452,7 +452,7 @@ def stage_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None) 
 
     out = Path(cfg.output_dir)
     model, tokenizer, _, history = train_ppo(cfg, ws, log_metrics)
-    ckpt.atomic_dir(out / "final", lambda d: save_actor_critic(model, tokenizer, d))
+    save_actor_critic(model, tokenizer, out / "final")
     if history:
         plot_learning_curve(history, out / "learning_curve.png", title=f"masked PPO ({cfg.ppo.estimator})")
     with open(out / "metrics.jsonl", "w") as f:

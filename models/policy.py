@@ -11,9 +11,6 @@ head lives next to it in ``value_head.safetensors``.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +27,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from agentr1.fsutil import atomic_dir
 from models.tokenizer import single_token_ids
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -146,30 +144,14 @@ def save_actor_critic(model: ActorCritic, tokenizer: PreTrainedTokenizerBase, ou
 
     Written to a temporary sibling and renamed, so ``out_dir`` is never half-written.
     """
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         model.policy.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         head = {k: v.detach().float().cpu().contiguous() for k, v in model.value_head.state_dict().items()}
         save_file(head, str(tmp / VALUE_HEAD_FILE))
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
 
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Move ``src`` to ``dst``; an existing ``dst`` is swapped out first, then deleted."""
-    old = None
-    if dst.exists():
-        old = dst.with_name(f".{dst.name}.old.{os.getpid()}")
-        dst.rename(old)
-    src.rename(dst)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    return atomic_dir(out_dir, write)
 
 
 def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None, local_files_only: bool = True) -> nn.Module:

@@ -170,12 +170,12 @@ def test_write_rejects_bad_data_without_output(tmp_path, splits, corpus, pattern
 
 
 def test_write_failure_midway_leaves_nothing(tmp_path, monkeypatch):
-    import agentr1.data.records as records
+    import agentr1.fsutil as fsutil
 
     def explode(new, target):
         raise OSError("disk full")
 
-    monkeypatch.setattr(records, "_replace_dir", explode)
+    monkeypatch.setattr(fsutil, "replace_dir", explode)
     with pytest.raises(OSError):
         write_dataset(tmp_path / "out", {"dev": [_record()]}, DOCS)
     assert _no_leftovers(tmp_path) == []

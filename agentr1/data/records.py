@@ -17,11 +17,11 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+
+from agentr1.fsutil import atomic_dir
 
 QA_DIR = "qa"
 CORPUS_FILE = "corpus.jsonl"
@@ -307,25 +307,11 @@ def write_dataset(
     if target.exists():
         if not overwrite or not target.is_dir() or not _looks_like_dataset(target):
             raise FileExistsError(f"{target}: exists and is not a dataset directory to replace")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         (tmp / QA_DIR).mkdir()
         for split, records in splits.items():
             split_path(tmp, split).write_text(to_jsonl(r.to_json() for r in records), encoding="utf-8")
         corpus_path(tmp).write_text(to_jsonl(d.to_json() for d in corpus), encoding="utf-8")
-        _replace_dir(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
-
-def _replace_dir(new: Path, target: Path) -> None:
-    """Move ``new`` to ``target``; an old ``target`` is moved aside first and deleted last."""
-    old = None
-    if target.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-        os.rename(target, old / "data")
-    os.rename(new, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    atomic_dir(target, write)
