@@ -1,18 +1,26 @@
-"""Rollout throughput: our batched KV-cached engine vs. ``model.generate`` once per turn.
+"""Rollout throughput of the backends side by side: ``hf``, ``vllm`` (and ``model.generate``).
 
-Both run the same multi-turn episodes (same model, questions, environment and seed) through
-the same :class:`RolloutEngine`; only the backend differs:
+Every backend runs the same multi-turn episodes (same model, questions, environment and seed)
+through the same :class:`RolloutEngine`; only the backend differs:
 
 - ``hf``: :class:`agentr1.rollout.backend.HFBackend` (one prefill, then a hand-written
   KV-cached decode loop with per-request seeded sampling);
-- ``generate``: the plain approach, ``model.generate(...)`` on the left-padded batch each turn.
+- ``vllm``: :class:`agentr1.rollout.vllm_backend.VLLMBackend` (in-process vLLM, prefix caching);
+- ``generate`` (opt-in): the plain approach, ``model.generate(...)`` on the left-padded batch
+  each turn.
 
-Prints action tokens/s, episodes/s and the ratio. Usage::
+Each model size is measured in one process: ``tiny`` is the config's model, ``large`` a
+512-wide, 8-layer one (~35M parameters) with the same tokenizer. Per backend it reports the
+start-up time (building the backend, for vllm the engine), the best of ``--repeats`` runs in
+action tokens and episodes per second of wall clock and per CPU second, and for vllm the time
+of one weight sync. Run it with ``OMP_NUM_THREADS=1`` on a shared machine: the per-CPU-second
+rates then stay comparable when other jobs take the cores. Usage::
 
-    python benchmarks/rollout.py [--checkpoint DIR] [--episodes 64] [--repeats 2]
+    python benchmarks/rollout.py [--sizes tiny,large] [--backends hf,vllm] [--episodes 64]
+                                 [--checkpoint DIR] [--repeats 2]
 
-Without ``--checkpoint`` it warms up nothing: it builds a fresh tiny model, so the
-episodes are as long as an untrained policy makes them (turns cut at the token limit).
+Without ``--checkpoint`` the models are fresh, so episodes are as long as an untrained policy
+makes them (turns cut at the token limit, contexts filled).
 """
 from __future__ import annotations
 
@@ -26,6 +34,11 @@ from agentr1.config import load_config
 from agentr1.rollout.backend import Generation, SamplingSpec
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings
 from agentr1.trainer import Workspace, build_model, make_engine
+from models.policy import ModelSpec, build_policy, count_parameters
+
+# The larger size: tens of millions of parameters, head size 64 (vLLM's CPU kernels need one
+# of a fixed set).
+LARGE = {"hidden_size": 512, "num_layers": 8, "num_heads": 8, "num_kv_heads": 8, "intermediate_size": 2048}
 
 
 class GenerateBackend:
@@ -69,24 +82,55 @@ class GenerateBackend:
 
 
 def run(engine: RolloutEngine, records, seed: int) -> dict[str, float]:
-    t0 = time.perf_counter()
+    """Wall-clock rates, and the same per CPU second of this process (all its threads): on a
+    shared machine the wall clock also counts time spent waiting for a core."""
+    t0, c0 = time.perf_counter(), time.process_time()
     trajs = engine.run(records, seed=seed)
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     act = sum(t.n_action_tokens for t in trajs)
-    return {"seconds": dt, "action_tokens": act, "action_tokens_per_s": act / dt,
-            "episodes_per_s": len(trajs) / dt, "turns": sum(len(t.turn_ends) for t in trajs) / len(trajs)}
+    return {"seconds": dt, "cpu_seconds": cpu, "action_tokens": act, "action_tokens_per_s": act / dt,
+            "action_tokens_per_cpu_s": act / cpu, "episodes_per_s": len(trajs) / dt,
+            "episodes_per_cpu_s": len(trajs) / cpu, "turns": sum(len(t.turn_ends) for t in trajs) / len(trajs)}
+
+
+def build_engine(name: str, cfg, ws, model, tokenizer, chat) -> RolloutEngine:
+    if name == "generate":
+        return RolloutEngine(GenerateBackend(model.policy, chat.pad_token_id), chat, tokenizer, ws.env,
+                             RolloutSettings(cfg.env.max_turn_tokens, cfg.env.max_context_tokens))
+    return make_engine(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"backend": name})}),
+                       ws.env, model, tokenizer, chat, "cpu")
+
+
+def measure(name: str, cfg, ws, model, tokenizer, chat, records, repeats: int) -> dict[str, float]:
+    t0, c0 = time.perf_counter(), time.process_time()
+    engine = build_engine(name, cfg, ws, model, tokenizer, chat)
+    out = {"startup_s": time.perf_counter() - t0, "startup_cpu_s": time.process_time() - c0}
+    runs = [run(engine, records, seed=r) for r in range(repeats)]
+    out["first_run_s"] = runs[0]["seconds"]
+    out.update(max(runs, key=lambda r: r["action_tokens_per_cpu_s"]))
+    if name == "vllm":
+        t0 = time.perf_counter()
+        engine.backend.sync_weights(model.policy)
+        out["weight_sync_s"] = time.perf_counter() - t0
+        from agentr1.rollout.vllm_backend import shutdown_engines
+
+        shutdown_engines()  # start the next size's engine from nothing
+    return {k: round(v, 3) for k, v in out.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="conf/train.yaml")
-    ap.add_argument("--checkpoint", help="a trained policy directory (default: a fresh tiny model)")
+    ap.add_argument("--checkpoint", help="a trained policy directory for the tiny size (default: fresh)")
+    ap.add_argument("--sizes", default="tiny,large")
+    ap.add_argument("--backends", default="hf,vllm", help="comma-separated: hf, vllm, generate")
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("-o", "--override", action="append", default=[])
     args = ap.parse_args()
     cfg = load_config(args.config, args.override)
     ws = Workspace.build(cfg)
+    records = ws.splits["test"][: args.episodes]
     if args.checkpoint:
         from models.chat import ChatFormat
         from models.policy import load_actor_critic
@@ -95,21 +139,38 @@ def main() -> None:
         chat = ChatFormat(tokenizer, ws.tools)
     else:
         model, tokenizer, chat = build_model(cfg, ws, [], [])
-    model.eval()
-    records = ws.splits["test"][: args.episodes]
-    ours = make_engine(cfg, ws.env, model, tokenizer, chat, "cpu")
-    plain = RolloutEngine(GenerateBackend(model.policy, chat.pad_token_id), chat, tokenizer, ws.env,
-                          RolloutSettings(cfg.env.max_turn_tokens, cfg.env.max_context_tokens))
-    results = {}
-    for name, engine in (("generate_per_turn", plain), ("agentr1_hf", ours)):
-        runs = [run(engine, records, seed=r) for r in range(args.repeats)]
-        best = max(runs, key=lambda r: r["action_tokens_per_s"])
-        results[name] = {k: round(v, 3) for k, v in best.items()}
-    results["speedup_action_tokens_per_s"] = round(
-        results["agentr1_hf"]["action_tokens_per_s"] / results["generate_per_turn"]["action_tokens_per_s"], 2)
-    results["setup"] = {"episodes": args.episodes, "threads": torch.get_num_threads(),
-                        "checkpoint": args.checkpoint or "fresh", "max_turn_tokens": cfg.env.max_turn_tokens}
+    results: dict[str, dict] = {}
+    for size in args.sizes.split(","):
+        if size == "large":
+            model = build_policy(ModelSpec(**LARGE), tokenizer, seed=cfg.seed)
+        model.eval()
+        results[size] = {"parameters": count_parameters(model.policy)}
+        for name in args.backends.split(","):
+            results[size][name] = measure(name, cfg, ws, model, tokenizer, chat, records, args.repeats)
+            print(size, name, json.dumps(results[size][name]), flush=True)
+    results["setup"] = {"episodes": args.episodes, "repeats": args.repeats, "threads": torch.get_num_threads(),
+                        "checkpoint": args.checkpoint or "fresh", "max_turn_tokens": cfg.env.max_turn_tokens,
+                        "max_context_tokens": cfg.env.max_context_tokens}
     print(json.dumps(results, indent=1))
+    print(table(results, args.backends.split(",")))
+
+
+def table(results: dict, backends: list[str]) -> str:
+    """A markdown table: one row per (size, backend), with the speed-up over hf."""
+    rows = ["| size (params) | backend | start-up s (CPU s) | action tok/s | tok/CPU-s | episodes/s | "
+            "episodes/CPU-s | vs hf (per CPU-s) |", "|---|---|---|---|---|---|---|---|"]
+    for size, res in results.items():
+        if size == "setup":
+            continue
+        hf = res.get("hf", {}).get("action_tokens_per_cpu_s")
+        for name in backends:
+            r = res[name]
+            ratio = f"{r['action_tokens_per_cpu_s'] / hf:.2f}x" if hf else "-"
+            rows.append(f"| {size} ({res['parameters'] / 1e6:.1f}M) | {name} | {r['startup_s']:.1f} "
+                        f"({r['startup_cpu_s']:.1f}) | {r['action_tokens_per_s']:.0f} | "
+                        f"{r['action_tokens_per_cpu_s']:.0f} | {r['episodes_per_s']:.2f} | "
+                        f"{r['episodes_per_cpu_s']:.2f} | {ratio} |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,172 @@
+"""The vllm backend, for real on CPU: the hf backend's behaviour (masks, stops, seeds,
+log-probs) and weight sync after a PPO update. Skipped when vllm is not installed; one engine
+is started for the whole file (start-up is the slow part)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from accelerate import Accelerator  # noqa: E402
+
+from agentr1.data import synth  # noqa: E402
+from agentr1.env.qa_env import EnvConfig, QAEnv  # noqa: E402
+from agentr1.env.search import SearchIndex  # noqa: E402
+from agentr1.rl.ppo import PPOHyper, forward_tokens, ppo_update, score_batch  # noqa: E402
+from agentr1.rollout.backend import SamplingSpec  # noqa: E402
+from agentr1.rollout.batch import collate  # noqa: E402
+from agentr1.rollout.engine import RolloutEngine, RolloutSettings  # noqa: E402
+from agentr1.rollout.vllm_backend import VLLMBackend, preserved_rng, shutdown_engines  # noqa: E402
+from models.chat import ChatFormat  # noqa: E402
+from models.policy import ModelSpec, build_policy  # noqa: E402
+from models.tokenizer import build_tokenizer  # noqa: E402
+
+# fp32 on both sides; vLLM's CPU kernels sum in another order than torch's.
+LOGP_TOL = 1e-4
+MAX_LEN = 512
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    splits, corpus = synth.generate(3, n_train=40, n_dev=5, n_test=24)
+    search = SearchIndex.build(corpus, cache_dir=tmp_path_factory.mktemp("idx"))
+    env = QAEnv(search, EnvConfig(top_k=1, max_turns=4, system_prompt=""))
+    texts = [f"{d.title}\n{d.text}" for d in corpus] + [r.question for r in splits["train"]]
+    texts += ['<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>'] * 50
+    tok = build_tokenizer(texts, vocab_size=600)
+    # head size 32: the smallest vLLM's CPU attention supports
+    model = build_policy(ModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2,
+                                   intermediate_size=128, max_position_embeddings=512), tok, seed=0)
+    model.eval()
+    yield {"splits": splits, "env": env, "tok": tok, "chat": ChatFormat(tok, None), "model": model,
+           "backend": VLLMBackend(model.policy, max_model_len=MAX_LEN)}
+    shutdown_engines()
+
+
+def engine(world, max_turn_tokens=12, max_context=400, backend=None) -> RolloutEngine:
+    return RolloutEngine(backend or world["backend"], world["chat"], world["tok"], world["env"],
+                         RolloutSettings(max_turn_tokens, max_context))
+
+
+def backend_for(world, model) -> VLLMBackend:
+    """A backend for another model of the same shape: it shares the fixture's engine."""
+    backend = VLLMBackend(model.policy, max_model_len=MAX_LEN)
+    assert backend.llm is world["backend"].llm  # no second start-up
+    return backend
+
+
+def logp_gap(model, trajs, pad_id) -> tuple[float, float]:
+    """Max and mean |rollout log-prob - trainer log-prob| over action tokens."""
+    batch = collate(trajs, pad_id)
+    with torch.no_grad():
+        logp, _, _ = forward_tokens(model, batch.input_ids, batch.attention_mask)
+    gap = (logp - batch.rollout_logprobs).abs()[batch.action_mask.bool()]
+    return float(gap.max()), float(gap.mean())
+
+
+def test_turns_are_sampled_ids_with_mask_1_and_observation_ids_with_mask_0(world):
+    chat, records = world["chat"], world["splits"]["test"][:8]
+    trajs = engine(world, max_turn_tokens=7).run(records, seed=0)
+    for t, r in zip(trajs, records):
+        assert t.token_ids[: t.prompt_len] == chat.prompt_ids(None, world["env"].user_prompt(r))
+        assert not any(t.action_mask[: t.prompt_len])
+        j = t.prompt_len
+        for k, end in enumerate(t.turn_ends):
+            turn = t.token_ids[j : end + 1]
+            assert all(t.action_mask[j : end + 1])
+            stops = [i for i, tok in enumerate(turn) if tok in chat.stop_token_ids]
+            assert stops in ([], [len(turn) - 1]) and (stops or len(turn) == 7)
+            j = end + 1
+            if k < len(t.observations):
+                obs = chat.observation_ids(t.observations[k], turn_closed=turn[-1] == chat.end_of_turn_id)
+                assert t.token_ids[j : j + len(obs)] == obs and not any(t.action_mask[j : j + len(obs)])
+                j += len(obs)
+        assert j == len(t.token_ids) == len(t.action_mask) == len(t.rollout_logprobs)
+
+
+def test_generation_keeps_the_stop_token_and_says_why_it_ended(world):
+    chat, tok = world["chat"], world["tok"]
+    prompts = [chat.prompt_ids(None, r.question) for r in world["splits"]["test"][:16]]
+    # Make the most likely first token of each prompt a stop token: some requests stop at once.
+    first = [g.token_ids[0] for g in world["backend"].generate(prompts, SamplingSpec(1, (), 0.0), [0] * 16)]
+    spec = SamplingSpec(6, tuple(chat.stop_token_ids) + (first[0],), temperature=1.0)
+    gens = world["backend"].generate(prompts, spec, list(range(16)))
+    assert {g.finish_reason for g in gens} == {"stop", "length"}
+    for g in gens:
+        assert len(g.token_ids) == len(g.logprobs) and all(lp <= 0 for lp in g.logprobs)
+        if g.finish_reason == "stop":
+            assert g.token_ids[-1] in spec.stop_token_ids
+            assert not set(g.token_ids[:-1]) & set(spec.stop_token_ids)
+        else:
+            assert len(g.token_ids) == 6 and not set(g.token_ids) & set(spec.stop_token_ids)
+    assert tok.decode(gens[0].token_ids)  # plain ids of our vocabulary
+
+
+def test_same_seed_same_rollout_other_seed_differs_and_global_rng_untouched(world):
+    records = world["splits"]["test"][:8]
+    rng = torch.get_rng_state()
+    a = engine(world).run(records, seed=5)
+    b = engine(world).run(records, seed=5)
+    c = engine(world).run(records, seed=6)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert [t.token_ids for t in a] == [t.token_ids for t in b]
+    for ta, tb in zip(a, b):
+        assert ta.rollout_logprobs == pytest.approx(tb.rollout_logprobs, abs=1e-6)
+    assert [t.token_ids for t in a] != [t.token_ids for t in c]
+    # A request's sample does not depend on its batch-mates.
+    prompts, spec = [t.token_ids[: t.prompt_len] for t in a], SamplingSpec(12, (), temperature=1.0)
+    full = world["backend"].generate(prompts, spec, list(range(8)))
+    part = world["backend"].generate(prompts[3:5], spec, [3, 4])
+    assert [g.token_ids for g in part] == [g.token_ids for g in full[3:5]]
+
+
+def test_logprobs_match_the_trainers_forward_at_temperature_and_greedy(world):
+    records = world["splits"]["test"][:8]
+    trajs = engine(world).run(records, seed=3)
+    assert logp_gap(world["model"], trajs, world["chat"].pad_token_id)[0] < LOGP_TOL
+    greedy = engine(world).run(records, seed=3, temperature=0.0)
+    assert logp_gap(world["model"], greedy, world["chat"].pad_token_id)[0] < LOGP_TOL
+
+
+def test_after_a_ppo_update_and_sync_vllm_logprobs_match_the_trainers(world):
+    pad, records = world["chat"].pad_token_id, world["splits"]["test"][:16]
+    trajs = engine(world).run(records, seed=7)
+    model = copy.deepcopy(world["model"])
+    hp = PPOHyper(epochs=2, minibatch_size=8, kl_coef=0.0)
+    batch = collate(trajs, pad)
+    with torch.no_grad():
+        scored, _ = score_batch(model, world["model"], batch, hp)
+    model.train()
+    ppo_update(model, torch.optim.AdamW(model.parameters(), lr=3e-2), Accelerator(cpu=True), batch, scored, hp,
+               torch.Generator().manual_seed(0))
+    model.eval()
+    stale_max, _ = logp_gap(model, engine(world).run(records, seed=8), pad)
+    world["backend"].sync_weights(model.policy)
+    fresh_max, fresh_mean = logp_gap(model, engine(world).run(records, seed=8), pad)
+    print(f"\nlog-prob gap after PPO update + sync: max {fresh_max:.2e} mean {fresh_mean:.2e} "
+          f"(unsynced engine: max {stale_max:.2e})")
+    assert stale_max > 100 * LOGP_TOL  # the update moved the policy; the check below can fail
+    assert fresh_max < LOGP_TOL
+    world["backend"].sync_weights(world["model"].policy)
+
+
+def test_a_lora_policy_is_served_with_its_adapters_merged(world):
+    from models.pretrained import LoraSpec, apply_lora
+
+    model = apply_lora(copy.deepcopy(world["model"]), LoraSpec(r=4, alpha=8, dropout=0.0,
+                                                                target_modules=("q_proj", "v_proj")))
+    with torch.no_grad(), preserved_rng():
+        torch.manual_seed(0)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    model.eval()
+    records, pad = world["splits"]["test"][:8], world["chat"].pad_token_id
+    lora = engine(world, backend=backend_for(world, model)).run(records, seed=9)
+    assert logp_gap(model, lora, pad)[0] < LOGP_TOL
+    assert logp_gap(world["model"], lora, pad)[0] > 100 * LOGP_TOL
+    # The fixture's backend takes the shared engine back with its own weights.
+    assert logp_gap(world["model"], engine(world).run(records, seed=9), pad)[0] < LOGP_TOL
