@@ -1,6 +1,7 @@
 """Learning-curve plots (PNG), written with matplotlib's non-interactive backend."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -35,5 +36,51 @@ def plot_learning_curve(history: list[dict[str, float]], path: str | Path, title
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- ablation
+
+ABLATION_METRICS = (("greedy/em", "exact match, greedy"), ("sampled/em", "exact match, sampled"))
+EM_AXIS_MIN = 0.1
+
+
+def plot_ablation_curves(curves: dict[str, list[dict]], path: str | Path, baselines: dict[str, dict] | None = None,
+                         title: str = "ablation", split: str = "dev") -> Path:
+    """Held-out exact match of each variant (mean over seeds, band = one std) against PPO
+    iteration and against training seconds; one row per metric of :data:`ABLATION_METRICS`.
+
+    ``curves``: variant -> points ``{iteration, train_seconds, <metric>, <metric>/std}``;
+    ``baselines``: variant -> one such point, drawn as a dashed horizontal line.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(len(ABLATION_METRICS), 2, figsize=(11, 3.4 * len(ABLATION_METRICS)), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for row, (key, label) in zip(axes, ABLATION_METRICS):
+        for i, (name, points) in enumerate(curves.items()):
+            color = colors[i % len(colors)]
+            y = [p[key] for p in points]
+            std = [p.get(f"{key}/std", math.nan) for p in points]
+            std = [0.0 if math.isnan(s) else s for s in std]  # NaN: one seed, no band
+            lo, hi = [a - s for a, s in zip(y, std)], [a + s for a, s in zip(y, std)]
+            for ax, xkey in zip(row, ("iteration", "train_seconds")):
+                x = [p[xkey] for p in points]
+                ax.plot(x, y, marker=".", lw=1.2, color=color, label=name)
+                ax.fill_between(x, lo, hi, color=color, alpha=0.12, lw=0)
+        for j, (name, point) in enumerate((baselines or {}).items()):
+            for ax in row:
+                ax.axhline(point[key], ls="--", lw=1, color=colors[(len(curves) + j) % len(colors)], label=name)
+        top = max([p[key] for c in curves.values() for p in c] + [b[key] for b in (baselines or {}).values()] + [0.0])
+        for ax, xlabel in zip(row, ("PPO iteration", "training seconds (rollouts + updates)")):
+            ax.set_ylim(-0.02, max(EM_AXIS_MIN, 1.15 * top))  # EM in [0, 1]; all-zero curves stay visible
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(f"{label} ({split})", fontsize=9)
+            ax.grid(alpha=0.3)
+    axes[0][1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

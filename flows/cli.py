@@ -4,6 +4,7 @@
     agentr1 pipeline -o ppo.iterations=5 --output-dir runs/try
     agentr1 pipeline --flow retrain --margin 0.02
     agentr1 pipeline --flow evaluate --model champion --split dev
+    agentr1 ablate --preset quick                      # the ablation flow (flows/ablation.py)
 
 When a Prefect server answers on the default local address (``make ui``) and
 ``PREFECT_API_URL`` is unset, the run goes to that server so it shows up live; otherwise
@@ -97,11 +98,16 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     except ValidationFailed as exc:
         print(f"agentr1: validation failed, nothing was trained or registered:\n{exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    return print_outcome(args, server, state, result, summary_lines(args.flow, result))
+
+
+def print_outcome(args: argparse.Namespace, server: bool, state, result: dict, headline: list[str]) -> int:
+    """The flow's result as JSON (``--json``), else ``headline`` and where to look at the run."""
     if args.json:
         print(json.dumps(result, indent=1, sort_keys=True, default=str))
         return EXIT_OK
     flow_run_id = str(state.state_details.flow_run_id)
-    lines = summary_lines(args.flow, result) + where_to_look(result["run_id"], flow_run_id, result["output_dir"])
+    lines = headline + where_to_look(result["run_id"], flow_run_id, result["output_dir"])
     if not server and not os.environ.get("PREFECT_API_URL"):
         lines.append("(no Prefect server was running: the flow used Prefect's ephemeral API)")
     print("\n".join(lines))
@@ -120,3 +126,45 @@ def add_pipeline(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="test", help="evaluate: the split")
     p.add_argument("--json", action="store_true", help="print the flow's result as JSON instead")
     p.set_defaults(func=cmd_pipeline)
+
+
+# ---------------------------------------------------------------- ablate
+
+# A temporary Prefect server can take a minute to come up on two busy cores (Prefect's default
+# wait is 20 s); and the ablation's worker processes use it too.
+EPHEMERAL_STARTUP_S = "180"
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_S)
+    server = use_local_server()
+    from flows.ablation import AblationFailed, ablation
+    from tasks.ablation import AblationParams
+    from tasks.validation import ValidationFailed
+
+    params = AblationParams(preset=args.preset, overrides=args.override, output_dir=args.output_dir)
+    state = ablation(params, return_state=True)
+    try:
+        result = state.result()
+    except ValidationFailed as exc:
+        print(f"agentr1: validation failed, nothing was trained:\n{exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except AblationFailed as exc:
+        print(f"agentr1: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    with open(result["results_md"], encoding="utf-8") as f:
+        headline = [f.read(), f"Report        : {result['results_md']} (plot {result['plot']})"]
+    return print_outcome(args, server, state, result, headline)
+
+
+def add_ablate(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("ablate", help=("the paper's mask / reward / estimator ablation (a Prefect flow); "
+                                              "prints the results table"))
+    p.add_argument("--preset", default="quick", help="conf/ablation/<preset>.yaml or a YAML path (default: quick)")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                   help=("an ablation key (seeds=[0,1], variants=[ppo,ppo-vanilla], runner.max_workers=2, "
+                         "curve.every=5, warmup=DIR) or a training-config key (ppo.iterations=10, data.dir=DIR); "
+                         "repeatable"))
+    p.add_argument("--output-dir", default=None, help="ablation root (default: the preset's); the same dir resumes")
+    p.add_argument("--json", action="store_true", help="print the flow's result as JSON instead")
+    p.set_defaults(func=cmd_ablate)

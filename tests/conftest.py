@@ -1,8 +1,11 @@
-"""Session-wide test environment: no analytics, no network, everything in temp dirs."""
+"""Session-wide test environment: no analytics, no network, everything in temp dirs; and the
+one temporary Prefect server every flow test shares."""
 from __future__ import annotations
 
 import os
 import tempfile
+
+import pytest
 
 _TMP = tempfile.mkdtemp(prefix="agentr1-tests-")
 _ENV = {
@@ -19,3 +22,14 @@ _ENV = {
     "AGENTR1_CACHE": os.path.join(_TMP, "cache"),
 }
 os.environ.update(_ENV)
+
+SERVER_STARTUP_S = 120
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """One temporary Prefect server (SQLite in a temp dir) for every flow test."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=SERVER_STARTUP_S):
+        yield

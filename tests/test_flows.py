@@ -21,26 +21,17 @@ from agentr1.config import ConfigError, load_config
 from agentr1.data.records import load_dataset
 from agentr1.trainer import PPOSession, ensure_data
 from tasks import tracking
+from tasks.ablation import AblationParams
 from tasks.data import dir_hash, recorded_hash, split_of, version_dataset
 from tasks.params import DataSource, EvaluateParams, PipelineParams, RetrainParams, preset_path, resolve_config
 from tasks.registry import compare, parse_model_ref
 from tasks.report import metrics_table
 
 FAST = ["ppo.iterations=1", "eval.max_examples=4", "env.max_turns=2", "env.max_turn_tokens=8"]
-SERVER_STARTUP_S = 120
 FLOW_RUN_TIMEOUT_S = 240
 
 
 # ----------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="session")
-def prefect_api():
-    """One temporary Prefect server (SQLite in a temp dir) for every flow test."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=SERVER_STARTUP_S):
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -215,8 +206,9 @@ def test_prefect_yaml_declares_the_deployments_with_valid_forms():
     from flows.serve import deployment_specs, to_deployment
 
     specs = {s["name"]: s for s in deployment_specs()}
-    assert {"manual", "nightly", "on-demand"} <= set(specs)
-    forms = {"pipeline": PipelineParams, "retrain": RetrainParams, "evaluate": EvaluateParams}
+    assert {"manual", "nightly", "on-demand", "mask-and-reward"} <= set(specs)
+    forms = {"pipeline": PipelineParams, "retrain": RetrainParams, "evaluate": EvaluateParams,
+             "ablation": AblationParams}
     for spec in specs.values():
         dep = to_deployment(spec)
         forms[dep.flow_name](**dep.parameters["params"])  # the defaults validate

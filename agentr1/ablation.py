@@ -1,0 +1,554 @@
+"""The paper's ablations: which variants, how one (variant, seed) run is trained and scored,
+and how the seeds are summed up (table, learning curves, learning-efficiency ratio).
+
+Every variant starts from the same warm-up checkpoint with the same budget (PPO iterations x
+episodes per iteration); they differ only in the switches the paper ablates (loss mask,
+advantage mask, process rewards, advantage estimator). Two baselines train nothing: the
+warm-up policy as it is ("base tool call") and naive RAG (one search with the question as
+the query, forced; then the warm-up policy writes the answer).
+
+No Prefect or MLflow here (``tasks/ablation.py`` and ``flows/ablation.py`` wrap this).
+
+Run layout under the ablation's output directory::
+
+    warmup/                       the one warm-up checkpoint (or a link to a given one)
+    runs/<variant>/seed-<s>/      one (variant, seed) run; ``warmup`` links to ../../../warmup
+        job.json                  what the run was started with (guards resuming)
+        checkpoints/last/         the PPOSession checkpoint (where an unfinished run resumes)
+        curve.jsonl               held-out EM / F1 at the evaluation iterations
+        metrics.jsonl             training metrics per PPO iteration
+        eval_final.json, trajectories_final.txt   on ``eval.split`` (the table's numbers)
+        result.json               written last: the run is finished (a re-run skips it)
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agentr1.config import Config, ConfigError, _format_validation_error, apply_overrides, config_hash
+from agentr1.rollout.backend import Generation, SamplingSpec
+
+Kind = Literal["rl", "base", "naive_rag"]
+MetricsFn = Callable[[dict[str, float], int], None]
+
+JOB_FILE = "job.json"
+RESULT_FILE = "result.json"
+CURVE_FILE = "curve.jsonl"
+HISTORY_FILE = "metrics.jsonl"
+RUNS_DIR = "runs"
+WARMUP_DIR = "warmup"
+FINAL_TAG = "final"
+# Held-out metrics of the learning curves and the results table.
+CURVE_KEYS = ("greedy/em", "greedy/f1", "sampled/em", "sampled/f1")
+# Evaluation seeds sit apart from the training seeds of the same run.
+CURVE_SEED_OFFSET = 54_321
+# A mean curve "reaches" a target within this (means of a few 0/1 scores are not exact).
+REACH_EPS = 1e-9
+
+
+# ----------------------------------------------------------------------------- variants
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of the ablation table."""
+
+    name: str
+    """Directory and MLflow run name."""
+    label: str
+    kind: Kind
+    overrides: tuple[str, ...] = ()
+    """Config switches; every RL variant sets all four so the base preset cannot leak in."""
+    grouped: bool = False
+    """Samples ``group_size`` answers per question (GRPO, RLOO); the others one."""
+
+
+def _rl(estimator: str, loss_mask: bool, advantage_mask: bool, process: bool) -> tuple[str, ...]:
+    flag = {True: "true", False: "false"}
+    return (f"ppo.estimator={estimator}", f"ppo.loss_mask={flag[loss_mask]}",
+            f"ppo.advantage_mask={flag[advantage_mask]}", f"reward.process_enabled={flag[process]}")
+
+
+FULL = "ppo"
+VANILLA = "ppo-vanilla"
+VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Variant(FULL, "PPO, both masks + process rewards (full)", "rl", _rl("gae", True, True, True)),
+    Variant("ppo-no-adv-mask", "PPO, no advantage mask", "rl", _rl("gae", True, False, True)),
+    Variant("ppo-no-masks", "PPO, no masks", "rl", _rl("gae", False, False, True)),
+    Variant("ppo-outcome-only", "PPO, outcome reward only", "rl", _rl("gae", True, True, False)),
+    Variant(VANILLA, "PPO, no masks + outcome only (vanilla)", "rl", _rl("gae", False, False, False)),
+    Variant("grpo", "GRPO, loss mask", "rl", _rl("grpo", True, True, True), grouped=True),
+    Variant("grpo-no-loss-mask", "GRPO, no loss mask", "rl", _rl("grpo", False, True, True), grouped=True),
+    Variant("reinforce-pp", "REINFORCE++", "rl", _rl("reinforce_pp", True, True, True)),
+    Variant("rloo", "RLOO", "rl", _rl("rloo", True, True, True), grouped=True),
+    Variant("base-tool-call", "base tool call (warm-up, no RL)", "base"),
+    Variant("naive-rag", "naive RAG (search the question once, answer)", "naive_rag"),
+)}
+
+
+class CurveSettings(BaseModel):
+    """When and on what the learning curves are measured (greedy and sampled)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    every: int = Field(2, ge=0)
+    """Evaluate every N PPO iterations; iteration 0 (the warm-up) and the last are always in.
+    0: only those two."""
+    split: str = "dev"
+    max_examples: int | None = Field(32, ge=1)
+    """The first N questions of ``split`` (None: all)."""
+    metric: str = "greedy/em"
+    """The curve metric the efficiency ratio compares."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One (variant, seed) run: its resolved config (``output_dir`` is the run directory)."""
+
+    variant: str
+    seed: int
+    cfg: Config
+    curve: CurveSettings
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.output_dir)
+
+    @property
+    def kind(self) -> Kind:
+        return VARIANTS[self.variant].kind
+
+    def identity(self) -> dict:
+        """What must not change between attempts of this run (checked when resuming)."""
+        return {"variant": self.variant, "seed": self.seed, "config_hash": config_hash(self.cfg),
+                "curve": self.curve.model_dump()}
+
+
+def derive(cfg: Config, overrides: list[str]) -> Config:
+    """``cfg`` with dotted ``key=value`` overrides applied, validated again."""
+    try:
+        return Config.model_validate(apply_overrides(cfg.model_dump(mode="json"), overrides))
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, f"overrides {overrides}")) from None
+
+
+def run_dir(root: str | Path, variant: str, seed: int) -> Path:
+    return Path(root) / RUNS_DIR / variant / f"seed-{seed}"
+
+
+def variant_overrides(variant: Variant, group_size: int) -> list[str]:
+    group = f"ppo.group_size={group_size if variant.grouped else 1}"
+    return [*variant.overrides, group] if variant.kind == "rl" else list(variant.overrides)
+
+
+def plan_jobs(base: Config, root: str | Path, variants: list[str], seeds: list[int], group_size: int,
+              curve: CurveSettings) -> list[Job]:
+    """Every (variant, seed) run; unknown variant names fail with the known ones listed."""
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ConfigError(f"unknown ablation variant(s) {unknown}; choose from {list(VARIANTS)}")
+    jobs = []
+    for name in variants:
+        for seed in seeds:
+            overrides = [*variant_overrides(VARIANTS[name], group_size), f"seed={seed}",
+                         f"output_dir={run_dir(root, name, seed)}"]
+            jobs.append(Job(name, seed, derive(base, overrides), curve))
+    return jobs
+
+
+# ----------------------------------------------------------------------------- run directories
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    """Write JSON (an object, or a list as JSON lines) to a temporary sibling, then rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    text = ("".join(json.dumps(o) + "\n" for o in obj) if isinstance(obj, list)
+            else json.dumps(obj, indent=1, sort_keys=True))
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def claim(path: Path, identity: dict) -> None:
+    """Record ``identity`` in ``path``, or check that an earlier attempt recorded the same one:
+    resuming a directory made with another config would mix two experiments."""
+    if path.exists():
+        before = json.loads(path.read_text())
+        if before != identity:
+            changed = sorted(k for k in {*before, *identity} if before.get(k) != identity.get(k))
+            raise ConfigError(f"{path.parent} was started with another configuration ({', '.join(changed)} "
+                              f"differ): use another output_dir, or delete {path.parent} to start it again")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, identity)
+
+
+def link_warmup(run: Path, warmup_dir: Path) -> None:
+    """``run/warmup`` -> the shared warm-up (a relative link, so the tree can move)."""
+    link = run / WARMUP_DIR
+    if link.is_symlink() or link.exists():
+        return
+    link.symlink_to(os.path.relpath(warmup_dir.resolve(), run.resolve()), target_is_directory=True)
+
+
+def finished(job: Job) -> dict | None:
+    """The result of a finished run, None when it has not finished."""
+    path = job.run_dir / RESULT_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+# ----------------------------------------------------------------------------- naive RAG
+
+
+class NaiveRAGBackend:
+    """A backend whose first turn of every episode is forced: a search for the question itself.
+
+    Every later turn is forced to open with ``<answer>``; the wrapped backend writes the
+    rest. With ``env.max_turns = 2`` an episode is exactly: search the question, answer.
+    Forced tokens get log-prob 0 (this backend is for evaluation only, never for training).
+    """
+
+    def __init__(self, inner, first_turns: dict[tuple[int, ...], list[int]], answer_prefix: list[int]):
+        self.inner = inner
+        self.first_turns = first_turns
+        """Prompt ids -> ids of the forced tool call (one entry per question)."""
+        self.answer_prefix = list(answer_prefix)
+
+    def sync_weights(self, model) -> None:
+        self.inner.sync_weights(model)
+
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[Generation]:
+        out: list[Generation | None] = [None] * len(prompts)
+        rest = []
+        for i, prompt in enumerate(prompts):
+            forced = self.first_turns.get(tuple(prompt))
+            if forced is None:
+                rest.append(i)
+            else:
+                out[i] = Generation(list(forced), [0.0] * len(forced), "stop")
+        if rest:
+            n = len(self.answer_prefix)
+            answer_spec = dataclasses.replace(spec, max_new_tokens=max(1, spec.max_new_tokens - n))
+            gens = self.inner.generate([prompts[i] + self.answer_prefix for i in rest], answer_spec,
+                                       [seeds[i] for i in rest])
+            for i, g in zip(rest, gens):
+                out[i] = Generation(self.answer_prefix + g.token_ids, [0.0] * n + g.logprobs, g.finish_reason)
+        return out
+
+
+def naive_rag_engine(cfg: Config, ws, model, tokenizer, chat, records: list):
+    """A rollout engine playing naive RAG on ``records``: a 2-turn environment and a backend
+    that forces the first search (``env.max_query_chars`` of the question) and the answer tag."""
+    from agentr1.env.protocol import ANSWER_START, format_tool_call
+    from agentr1.trainer import make_engine, make_env
+
+    env = make_env(derive(cfg, ["env.max_turns=2"]), ws.env.search)
+    engine = make_engine(cfg, env, model, tokenizer, chat, ws.device)
+    system = env.system_prompt() or None
+    first = {tuple(chat.prompt_ids(system, env.user_prompt(r))):
+             chat.turn_ids(format_tool_call(r.question[: cfg.env.max_query_chars])) for r in records}
+    engine.backend = NaiveRAGBackend(engine.backend, first, chat.turn_ids(ANSWER_START))
+    return engine
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+def curve_records(ws, curve: CurveSettings) -> list:
+    if curve.split not in ws.splits:
+        raise ConfigError(f"{ws.data_dir}: curve.split {curve.split!r} is not a split; "
+                          f"available: {sorted(ws.splits)}")
+    records = ws.splits[curve.split]
+    return records[: curve.max_examples] if curve.max_examples else records
+
+
+def eval_iterations(total: int, every: int) -> set[int]:
+    """Iterations at which the learning curve is measured: 0, every ``every``, and the last."""
+    marks = {0, total}
+    if every:
+        marks.update(range(every, total, every))
+    return marks
+
+
+def curve_point(engine, records: list, cfg: Config, iteration: int, train_seconds: float) -> dict:
+    """Greedy and sampled held-out metrics of the engine's policy, at an iteration."""
+    from agentr1.evaluate import evaluate
+
+    temp = cfg.eval.sampled_temperature or cfg.rollout.temperature
+    result = evaluate(engine, records, seed=cfg.seed + CURVE_SEED_OFFSET, sampled_temperature=temp,
+                      batch_size=cfg.eval.batch_size)
+    return {"iteration": iteration, "train_seconds": train_seconds,
+            **{k: result.metrics[k] for k in CURVE_KEYS}}
+
+
+def train_seconds(history: list[dict]) -> float:
+    """Seconds spent in rollouts and updates (evaluations left out), over all attempts."""
+    return float(sum(h["perf/iter_s"] for h in history))
+
+
+def train_rl(job: Job, ws, log_metrics: MetricsFn | None = None, stop_after: int | None = None
+             ) -> tuple[list[dict], list[dict], object | None]:
+    """PPO iterations of ``job`` from its checkpoint (or the warm-up), measuring the learning
+    curve at :func:`eval_iterations` and checkpointing there (and every
+    ``ppo.checkpoint_every``). Returns ``(curve, history, session)``; the session is None when
+    ``stop_after`` (iterations in total, for tests) ended the run early."""
+    from agentr1.trainer import PPOSession
+
+    cfg = job.cfg
+    session = PPOSession(cfg, ws)
+    total, every = cfg.ppo.iterations, cfg.ppo.checkpoint_every
+    marks = eval_iterations(total, job.curve.every)
+    records = curve_records(ws, job.curve)
+    path = job.run_dir / CURVE_FILE
+    curve = [p for p in read_jsonl(path) if p["iteration"] <= session.iteration]
+
+    def measure() -> None:
+        session.model.eval()
+        session.engine.backend.sync_weights(session.policy.policy)  # a vllm backend holds a copy
+        curve.append(curve_point(session.engine, records, cfg, session.iteration, train_seconds(session.history)))
+        write_json_atomic(path, curve)
+
+    if session.iteration in marks and (not curve or curve[-1]["iteration"] != session.iteration):
+        measure()  # iteration 0, or a crash between a checkpoint and its curve point
+    end = total if stop_after is None else min(stop_after, total)
+    while session.iteration < end:
+        metrics = session.update(session.collect())
+        if log_metrics:
+            log_metrics(metrics, session.iteration)
+        at_mark = session.iteration in marks
+        if at_mark or (every and session.iteration % every == 0) or session.iteration == end:
+            session.save()
+        if at_mark:
+            measure()
+    write_json_atomic(job.run_dir / HISTORY_FILE, session.history)
+    return curve, session.history, (session if session.done else None)
+
+
+def run_job(job: Job, ws, warmup_dir: str | Path, log_metrics: MetricsFn | None = None,
+            stop_after: int | None = None) -> dict | None:
+    """Train (RL variants) and evaluate one run; returns its result (also ``result.json``).
+
+    A finished run is returned as it is; an unfinished RL run resumes from its checkpoint.
+    Returns None when ``stop_after`` stopped training before the end (tests).
+    """
+    from agentr1.trainer import _load_policy, run_eval
+
+    claim(job.run_dir / JOB_FILE, job.identity())
+    done = finished(job)
+    if done is not None:
+        return {**done, "status": "reused"}
+    link_warmup(job.run_dir, Path(warmup_dir))
+    cfg = job.cfg
+    resumed = (job.run_dir / "checkpoints" / "last").exists()
+    history: list[dict] = []
+    if job.kind == "rl":
+        curve, history, session = train_rl(job, ws, log_metrics, stop_after)
+        if session is None:
+            return None
+        policy = (session.policy, session.tokenizer, session.chat)
+        engine = None
+    else:
+        policy = _load_policy(cfg, ws, WARMUP_DIR)
+        records = curve_records(ws, job.curve)
+        if job.kind == "naive_rag":
+            engine = naive_rag_engine(cfg, ws, *policy, [*records, *ws.splits[cfg.eval.split]])
+        else:
+            from agentr1.trainer import make_engine
+
+            engine = make_engine(cfg, ws.env, *policy, ws.device)
+        curve = [curve_point(engine, records, cfg, 0, 0.0)]
+        write_json_atomic(job.run_dir / CURVE_FILE, curve)
+    metrics = run_eval(cfg, ws, *policy, FINAL_TAG, engine=engine).metrics
+    result = {"variant": job.variant, "seed": job.seed, "kind": job.kind, "split": cfg.eval.split,
+              "status": "resumed" if resumed else "trained",
+              "iterations": len(history), "train_seconds": train_seconds(history), "curve": curve,
+              "final": {k: v for k, v in metrics.items() if k.count("/") == 1}, "config_hash": config_hash(cfg)}
+    write_json_atomic(job.run_dir / RESULT_FILE, result)
+    return result
+
+
+# ----------------------------------------------------------------------------- seeds summed up
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation; the deviation is NaN for fewer than two values."""
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else math.nan
+
+
+@dataclass(frozen=True)
+class Row:
+    """A variant's final metrics (on ``eval.split``) over its seeds."""
+
+    variant: str
+    label: str
+    kind: str
+    seeds: int
+    stats: dict[str, tuple[float, float]]
+    """metric -> (mean, std) over seeds."""
+    train_seconds: float
+
+
+def summarize(results: list[dict], keys: tuple[str, ...] = CURVE_KEYS) -> list[Row]:
+    """One row per variant (in :data:`VARIANTS` order) of final ``keys``, mean and std over seeds."""
+    by_variant: dict[str, list[dict]] = {}
+    for r in results:
+        by_variant.setdefault(r["variant"], []).append(r)
+    rows = []
+    for name in sorted(by_variant, key=lambda n: list(VARIANTS).index(n) if n in VARIANTS else len(VARIANTS)):
+        runs = by_variant[name]
+        v = VARIANTS.get(name)
+        rows.append(Row(name, v.label if v else name, runs[0]["kind"], len(runs),
+                        {k: mean_std([r["final"][k] for r in runs]) for k in keys},
+                        statistics.fmean(r["train_seconds"] for r in runs)))
+    return rows
+
+
+def _pm(mean: float, std: float) -> str:
+    if math.isnan(mean):
+        return "n/a"
+    return f"{mean:.3f}" if math.isnan(std) else f"{mean:.3f} ± {std:.3f}"
+
+
+def results_markdown(rows: list[Row], split: str = "test", keys: tuple[str, ...] = CURVE_KEYS) -> str:
+    """The table: one row per variant, ``mean ± std`` over seeds of each metric on ``split``."""
+    header = ["variant", "seeds", *(f"{split} {k}" for k in keys), "train s/run"]
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    for r in rows:
+        cells = [f"{r.label} (`{r.variant}`)", str(r.seeds), *(_pm(*r.stats[k]) for k in keys),
+                 f"{r.train_seconds:.0f}" if r.kind == "rl" else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _csv(header: list[str], rows: list[list]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def results_csv(rows: list[Row], keys: tuple[str, ...] = CURVE_KEYS) -> str:
+    head = ["variant", "label", "kind", "seeds", *(f"{k}_{s}" for k in keys for s in ("mean", "std")),
+            "train_seconds"]
+    return _csv(head, [[r.variant, r.label, r.kind, r.seeds, *(x for k in keys for x in r.stats[k]), r.train_seconds]
+                       for r in rows])
+
+
+def mean_curve(results: list[dict], keys: tuple[str, ...] = CURVE_KEYS) -> list[dict]:
+    """The seeds' curves averaged per iteration: ``{iteration, train_seconds, k, k/std}``."""
+    by_iter: dict[int, list[dict]] = {}
+    for r in results:
+        for p in r["curve"]:
+            by_iter.setdefault(int(p["iteration"]), []).append(p)
+    out = []
+    for it in sorted(by_iter):
+        points = by_iter[it]
+        row = {"iteration": it, "train_seconds": statistics.fmean(p["train_seconds"] for p in points),
+               "seeds": len(points)}
+        for k in keys:
+            row[k], row[f"{k}/std"] = mean_std([p[k] for p in points])
+        out.append(row)
+    return out
+
+
+def curves_by_variant(results: list[dict]) -> dict[str, list[dict]]:
+    names = sorted({r["variant"] for r in results}, key=lambda n: list(VARIANTS).index(n) if n in VARIANTS else 99)
+    return {n: mean_curve([r for r in results if r["variant"] == n]) for n in names}
+
+
+def curves_csv(results: list[dict]) -> str:
+    """Every seed's curve points (long format)."""
+    return _csv(["variant", "seed", "iteration", "train_seconds", *CURVE_KEYS],
+                [[r["variant"], r["seed"], p["iteration"], p["train_seconds"], *(p[k] for k in CURVE_KEYS)]
+                 for r in sorted(results, key=lambda r: (r["variant"], r["seed"])) for p in r["curve"]])
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """How fast the full method reaches what vanilla PPO ends with (the paper's efficiency claim).
+
+    ``target`` is vanilla PPO's final value of ``metric`` (mean curve over seeds). The full
+    method's cost is the first evaluated iteration (and its training seconds) at which its
+    mean curve reaches the target; vanilla's is where its own curve first got there. Ratios
+    below 1 mean the full method is faster.
+    """
+
+    metric: str
+    status: Literal["reached", "never_reached", "no_gain", "missing"]
+    target: float | None = None
+    start: float | None = None
+    """Vanilla's value at iteration 0 (the shared warm-up)."""
+    budget: int | None = None
+    full_iterations: int | None = None
+    full_seconds: float | None = None
+    vanilla_iterations: int | None = None
+    vanilla_seconds: float | None = None
+
+    @property
+    def iteration_ratio(self) -> float | None:
+        return self.full_iterations / self.vanilla_iterations if self.status == "reached" else None
+
+    @property
+    def time_ratio(self) -> float | None:
+        if self.status != "reached" or not self.vanilla_seconds:
+            return None
+        return self.full_seconds / self.vanilla_seconds
+
+    def sentence(self) -> str:
+        if self.status == "missing":
+            return f"Efficiency ratio not computed: it needs both `{FULL}` and `{VANILLA}` in the variants."
+        t = f"vanilla PPO's final {self.metric} ({self.target:.3f})"
+        if self.status == "no_gain":
+            return (f"Efficiency ratio not defined: {t} is no better than the warm-up's ({self.start:.3f}), "
+                    f"so there is no gain whose speed could be compared.")
+        if self.status == "never_reached":
+            return (f"The full method never reached {t} within the budget of {self.budget} iterations "
+                    f"(vanilla got there at iteration {self.vanilla_iterations}).")
+        text = (f"The full method reached {t} at iteration {self.full_iterations} "
+                f"({self.full_seconds:.0f} s of training) vs vanilla PPO's {self.vanilla_iterations} "
+                f"({self.vanilla_seconds:.0f} s): iteration ratio {self.iteration_ratio:.2f}")
+        return text + (f", wall-time ratio {self.time_ratio:.2f}." if self.time_ratio is not None else ".")
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "iteration_ratio": self.iteration_ratio, "time_ratio": self.time_ratio,
+                "sentence": self.sentence()}
+
+
+def first_reach(curve: list[dict], metric: str, target: float) -> dict | None:
+    return next((p for p in curve if p[metric] >= target - REACH_EPS), None)
+
+
+def efficiency(curves: dict[str, list[dict]], metric: str = "greedy/em", full: str = FULL,
+               vanilla: str = VANILLA) -> Efficiency:
+    """The learning-efficiency figure from mean curves (see :class:`Efficiency`)."""
+    if not curves.get(full) or not curves.get(vanilla):
+        return Efficiency(metric, "missing")
+    van, ful = curves[vanilla], curves[full]
+    target, start, budget = van[-1][metric], van[0][metric], int(van[-1]["iteration"])
+    common = {"metric": metric, "target": target, "start": start, "budget": budget}
+    if target <= start + REACH_EPS:
+        return Efficiency(status="no_gain", **common)
+    v = first_reach(van, metric, target)
+    f = first_reach(ful, metric, target)
+    if f is None:
+        return Efficiency(status="never_reached", vanilla_iterations=int(v["iteration"]),
+                          vanilla_seconds=v["train_seconds"], **common)
+    return Efficiency(status="reached", full_iterations=int(f["iteration"]), full_seconds=f["train_seconds"],
+                      vanilla_iterations=int(v["iteration"]), vanilla_seconds=v["train_seconds"], **common)
