@@ -1,6 +1,6 @@
 """The ``agentr1`` command.
 
-    agentr1 data synth --out DIR --seed N [--n-train 4000 --n-dev 200 --n-test 300 --hop-weights 0.25,0.35,0.40]
+    agentr1 data synth --out DIR --seed N [--n-train 4000 --n-dev 200 --n-test 300 --hop-weights 0.25,0.35,0.40 --names rich|small]
     agentr1 data convert --format hotpotqa|musique --input FILE --out DIR [--split dev]
     agentr1 data validate --data DIR
     agentr1 data retrieval-eval --data DIR --split test [--k 5]
@@ -8,6 +8,7 @@
     agentr1 train --config conf/train.yaml [-o key=value ...]
     agentr1 evaluate --checkpoint DIR --data DIR --split test [--config FILE] [-o key=value ...]
     agentr1 pipeline [--flow pipeline|retrain|evaluate] [--preset train] [-o key=value ...]   (Prefect flows)
+    agentr1 ablate [--preset quick] [-o key=value ...] [--output-dir DIR]   (the ablation flow)
 
 Results go to stdout as JSON; bad input exits with status 2 and a message on stderr naming
 the file, line and field (and writes nothing). To add a command, write a
@@ -24,6 +25,7 @@ from typing import Callable, Sequence
 
 from agentr1.config import ConfigError
 from agentr1.data.records import DataError
+from agentr1.data.synth import DEFAULT_NAMES, NAME_INVENTORIES
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -58,7 +60,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     from agentr1.data.synth import dataset_stats, generate
 
     start = time.perf_counter()
-    splits, corpus = generate(args.seed, args.n_train, args.n_dev, args.n_test, args.hop_weights)
+    splits, corpus = generate(args.seed, args.n_train, args.n_dev, args.n_test, args.hop_weights, names=args.names)
     write_dataset(args.out, splits, corpus)
     stats = dataset_stats(splits, corpus)
     _print_json({"out": str(args.out), "seed": args.seed, **stats, "seconds": round(time.perf_counter() - start, 2)})
@@ -101,6 +103,8 @@ def _add_data(subparsers: argparse._SubParsersAction) -> None:
     synth.add_argument("--n-test", type=int, default=300)
     synth.add_argument("--hop-weights", type=_parse_weights, default=(0.25, 0.35, 0.40),
                        help="shares of 1,2,3-hop questions, e.g. 0.25,0.35,0.40")
+    synth.add_argument("--names", choices=sorted(NAME_INVENTORIES), default=DEFAULT_NAMES,
+                       help="name inventory: 'small' = few, frequent syllables (copyable by a tiny model)")
     synth.set_defaults(func=cmd_data_synth)
 
     convert = sub.add_parser("convert", help="convert HotpotQA / MuSiQue JSON into the shared format")
@@ -214,10 +218,17 @@ def _add_pipeline(subparsers: argparse._SubParsersAction) -> None:
     add_pipeline(subparsers)
 
 
+def _add_ablate(subparsers: argparse._SubParsersAction) -> None:
+    from flows.cli import add_ablate  # Prefect is imported only when the command runs
+
+    add_ablate(subparsers)
+
+
 # ---------------------------------------------------------------- entry point
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_data, _add_search, _add_train, _add_evaluate]
 COMMANDS.append(_add_pipeline)
+COMMANDS.append(_add_ablate)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,6 +25,9 @@ class SynthConfig(_Section):
     n_train: int = Field(4000, ge=1)
     n_dev: int = Field(200, ge=1)
     n_test: int = Field(300, ge=1)
+    names: Literal["rich", "small"] = "rich"
+    """Name inventory (agentr1.data.synth.NAME_INVENTORIES): "small" names are few, frequent
+    syllable tokens that a tiny model learns to copy within a CPU budget."""
 
 
 class DataConfig(_Section):
@@ -45,6 +48,9 @@ class ModelConfig(_Section):
     num_kv_heads: int = Field(4, ge=1)
     intermediate_size: int = Field(512, ge=8)
     max_position_embeddings: int = Field(1024, ge=64)
+    init_std: float = Field(0.05, gt=0)
+    """Scratch only: std of the weight init (0.05 lets a hidden-128 model learn to copy fast;
+    transformers' 0.02 stalls it: see README, "Learning to copy")."""
     lora_r: int = Field(0, ge=0)
     """Pretrained only: LoRA rank; 0 trains every weight."""
     lora_alpha: int = 32
@@ -86,7 +92,8 @@ class RewardConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Literal["auto", "hf", "vllm"] = "auto"
+    """``auto``: vllm where it is installed and supports the model on this device, else hf."""
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
 
@@ -105,6 +112,9 @@ class SFTConfig(_Section):
     batch_size: int = Field(32, ge=1)
     lr: float = Field(2e-3, gt=0)
     warmup_steps: int = Field(30, ge=0)
+    warmdown_ratio: float = Field(0.3, gt=0, le=1)
+    """Share of the steps, at the end, over which the rate decays (cosine to 0.1x); before
+    that it is held at ``lr``."""
     weight_decay: float = 0.0
     expert: ExpertConfig = ExpertConfig()
 

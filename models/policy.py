@@ -51,6 +51,10 @@ class ModelSpec:
     rope_theta: float = 10000.0
     dropout: float = 0.0
     """attention dropout; 0 keeps PPO's old/new log-probs comparable"""
+    init_std: float = 0.05
+    """std of the normal init of every weight matrix. transformers' default, 0.02, is tuned for
+    wide models: at hidden 128 it leaves attention logits so flat that a 4-layer model had not
+    learned to copy 6 tokens after 400 steps, where 0.05 learns it in ~100 (measured, README)."""
 
 
 class ActorCritic(nn.Module):
@@ -125,6 +129,7 @@ def build_policy(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase, seed: int 
         tie_word_embeddings=spec.tie_word_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
         attention_dropout=spec.dropout,
+        initializer_range=spec.init_std,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

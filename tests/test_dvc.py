@@ -67,7 +67,7 @@ def regenerated(tmp_path_factory) -> Path:
     a = _makefile_synth_args()
     argv = ["data", "synth", "--out", str(out), "--seed", str(a.seed), "--n-train", str(a.n_train),
             "--n-dev", str(a.n_dev), "--n-test", str(a.n_test),
-            "--hop-weights", ",".join(str(w) for w in a.hop_weights)]
+            "--hop-weights", ",".join(str(w) for w in a.hop_weights), "--names", a.names]
     assert main(argv) == 0
     return out
 
@@ -88,7 +88,7 @@ def test_conf_synth_matches_make_data():
     from it when data/ is missing)."""
     a = _makefile_synth_args()
     synth = yaml.safe_load((ROOT / "conf" / "train.yaml").read_text())["data"]["synth"]
-    assert synth == {"seed": a.seed, "n_train": a.n_train, "n_dev": a.n_dev, "n_test": a.n_test}
+    assert synth == {"seed": a.seed, "n_train": a.n_train, "n_dev": a.n_dev, "n_test": a.n_test, "names": a.names}
 
 
 def test_regenerated_data_hashes_to_data_dvc(regenerated, pinned):

@@ -205,6 +205,15 @@ def test_encode_episode_masks(tok):
         chat.encode_episode(SYSTEM, "q", turns, obs[:1])
 
 
+def test_encode_episodes_batches_exactly_what_one_by_one_gives(tok):
+    chat = ChatFormat(tok, TOOLS)
+    episodes = [(SYSTEM, "Question: q", [tool_call("Zorvak Pellin"), "<answer>Kelmora</answer>"], ["Doc 1 (Zorvak Pellin): x."]),
+                (None, "Question: who?", ["<answer>Mira</answer>"], []),
+                (SYSTEM, "Q", [tool_call("A") + "<|im_end|>", tool_call("B"), "<answer>C</answer>"], ["a.", "b."])]
+    assert chat.encode_episodes(episodes) == [chat.encode_episode(*e) for e in episodes]
+    assert chat.encode_episodes(episodes)[2] != chat.encode_episode(*episodes[0])
+
+
 # ---------------------------------------------------------------- actor-critic
 def test_build_policy_shapes_and_seed(tok):
     model = build_policy(TINY, tok, seed=3)

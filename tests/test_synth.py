@@ -23,9 +23,9 @@ SMALL = dict(n_train=200, n_dev=20, n_test=30)
 PLAIN_TEXT = re.compile(r"^[A-Za-z ,.?]+$")
 
 
-@pytest.fixture(scope="module")
-def world():
-    splits, corpus = generate(7, **SMALL)
+@pytest.fixture(scope="module", params=sorted(synth.NAME_INVENTORIES))
+def world(request):
+    splits, corpus = generate(7, **SMALL, names=request.param)
     return splits, corpus, {d.id: d for d in corpus}
 
 
@@ -189,6 +189,22 @@ def test_exact_name_search_returns_own_doc_first(world, tmp_path):
     firsts = [hits[0].doc_id for hits in index.batch_search(queries, 3)]
     misses = [q for q, want, got in zip(queries, wanted, firsts) if want != got]
     assert misses == []
+
+
+def test_small_inventory_names_are_one_word_of_three_short_syllables():
+    inv = synth.NAME_INVENTORIES["small"]
+    syllables = {o + v + c for o in inv.onsets for v in inv.vowels for c in inv.codas}
+    assert max(len(x) for x in syllables) <= 3 and len(syllables) <= 300
+    splits, corpus = generate(3, n_train=50, n_dev=5, n_test=5, names="small")
+    word = re.compile("(?:%s){3}" % "|".join(sorted(syllables, key=len, reverse=True)), re.IGNORECASE)
+    for r in _all_records(splits):
+        for hop in r.meta["chain"]:
+            assert word.fullmatch(hop["answer"]) and word.fullmatch(hop["query"]), hop
+
+
+def test_unknown_name_inventory_is_refused():
+    with pytest.raises(ValueError, match="unknown name inventory"):
+        generate(0, n_train=1, n_dev=1, n_test=1, names="huge")
 
 
 def test_stats_and_chance_level(world):

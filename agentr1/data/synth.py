@@ -146,13 +146,38 @@ PAIR_FRAMES: dict[tuple[str, str], tuple[str, ...]] = {
 }
 PAIR_FRAME_PROB = 0.5
 
-# Name inventory: words of 2 syllables, onset + vowel + optional coda (repeats weight the
-# choice: short plain syllables keep names short for a small model).
-ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z",
-          "br", "dr", "gr", "kr", "tr", "st", "th", "sh")
-VOWELS = ("a", "e", "i", "o", "u", "a", "e", "i", "o", "u", "ai", "ou")
-CODAS = ("", "", "", "n", "r", "l", "k", "m")
-SYLLABLES_PER_WORD = (2,)
+# Name inventories. A name word is syllables of onset + vowel + optional coda (repeats weight
+# the choice). "rich": ~900 distinct syllables, 2 per word; the tokenizer cannot hold every
+# syllable (in both cases) as a token, so names split into ~1,500 distinct pieces, each rare.
+# "small": 240 syllables of at most 3 letters, 3 per word, one word per name and no suffix.
+# A space inside a name becomes its own token, the same token that precedes every capitalised
+# word, so copying the word after it needs more than matching the previous token: a 4-layer
+# model learned to copy "a b SEP c d" far slower than "a b c d" (measured, README).
+@dataclass(frozen=True)
+class NameInventory:
+    onsets: tuple[str, ...]
+    vowels: tuple[str, ...]
+    codas: tuple[str, ...]
+    syllables_per_word: int
+    single_word: bool = False
+    """one word per name and no company/university suffix"""
+
+
+NAME_INVENTORIES: dict[str, NameInventory] = {
+    "rich": NameInventory(
+        onsets=("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z",
+                "br", "dr", "gr", "kr", "tr", "st", "th", "sh"),
+        vowels=("a", "e", "i", "o", "u", "a", "e", "i", "o", "u", "ai", "ou"),
+        codas=("", "", "", "n", "r", "l", "k", "m"),
+        syllables_per_word=2),
+    "small": NameInventory(
+        onsets=("b", "d", "g", "k", "l", "m", "n", "p", "r", "t", "v", "z"),
+        vowels=("a", "e", "i", "o", "u"),
+        codas=("", "", "n", "r", "l"),
+        syllables_per_word=3,
+        single_word=True),
+}
+DEFAULT_NAMES = "rich"
 SUFFIXES: dict[str, tuple[str, ...]] = {
     "company": ("Group", "Works", "Labs", "Studios", "Holdings", "Systems"),
     "university": ("University", "Institute", "College", "Academy"),
@@ -251,14 +276,15 @@ class Name:
 class _NameMaker:
     """Fresh names: every syllable word is used once in the whole corpus (look-alikes excepted)."""
 
-    def __init__(self, rng: random.Random):
+    def __init__(self, rng: random.Random, inventory: NameInventory):
         self.rng = rng
+        self.inventory = inventory
         self.used_words: set[str] = set()  # membership only; never iterated (determinism)
         self.used_names: set[str] = set()
 
     def _syllable(self) -> str:
-        rng = self.rng
-        return rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS)
+        rng, inv = self.rng, self.inventory
+        return rng.choice(inv.onsets) + rng.choice(inv.vowels) + rng.choice(inv.codas)
 
     def _ok_word(self, syllables: Sequence[str]) -> bool:
         word = "".join(syllables)
@@ -276,13 +302,15 @@ class _NameMaker:
 
     def _fresh_word(self) -> tuple[str, ...]:
         for _ in range(_MAX_TRIES):
-            syllables = tuple(self._syllable() for _ in range(self.rng.choice(SYLLABLES_PER_WORD)))
+            syllables = tuple(self._syllable() for _ in range(self.inventory.syllables_per_word))
             if self._ok_word(syllables):
                 self.used_words.add("".join(syllables))
                 return syllables
         raise RuntimeError("name inventory exhausted")
 
     def new(self, kind: str) -> Name:
+        if self.inventory.single_word:
+            return self._claim(Name((self._fresh_word(),), None))
         n_words = 2 if self.rng.random() < TWO_WORD_PROB[kind] else 1
         suffix = self.rng.choice(SUFFIXES[kind]) if kind in SUFFIXES else None
         return self._claim(Name(tuple(self._fresh_word() for _ in range(n_words)), suffix))
@@ -318,9 +346,11 @@ class _Draft:
 class _World:
     """Builds all documents and questions; holds the rng, the names and the drafts."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, names: str = DEFAULT_NAMES):
+        if names not in NAME_INVENTORIES:
+            raise ValueError(f"unknown name inventory {names!r}; choose from {sorted(NAME_INVENTORIES)}")
         self.rng = random.Random(seed)
-        self.names = _NameMaker(self.rng)
+        self.names = _NameMaker(self.rng, NAME_INVENTORIES[names])
         self.drafts: list[_Draft] = []
 
     def sentence(self, relation: str, subject: str, obj: str) -> str:
@@ -441,15 +471,17 @@ def generate(
     n_dev: int = 200,
     n_test: int = 300,
     hop_weights: Sequence[float] = DEFAULT_HOP_WEIGHTS,
+    names: str = DEFAULT_NAMES,
 ) -> tuple[dict[str, list[QARecord]], list[Document]]:
     """The synthetic dataset for ``seed``: ({"train", "dev", "test"} -> records, corpus).
 
-    hop_weights[h-1] is the share of h-hop questions (h = 1..len(hop_weights), at most 3).
+    hop_weights[h-1] is the share of h-hop questions (h = 1..len(hop_weights), at most 3);
+    ``names`` picks the name inventory (:data:`NAME_INVENTORIES`).
     Byte-identical for a seed; documents are shuffled so a doc's position says nothing.
     """
     if not 1 <= len(hop_weights) <= 3:
         raise ValueError(f"hop_weights needs 1 to 3 entries, got {len(hop_weights)}")
-    world = _World(seed)
+    world = _World(seed, names)
     paths = {h: relation_paths(h) for h in range(1, len(hop_weights) + 1)}
     questions: dict[str, list[_Question]] = {}
     for split, n in zip(SPLITS, (n_train, n_dev, n_test)):
