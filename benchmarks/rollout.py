@@ -33,6 +33,7 @@ import torch
 from agentr1.config import load_config
 from agentr1.rollout.backend import Generation, SamplingSpec
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings
+from agentr1.rollout.vllm_backend import shutdown_engines
 from agentr1.trainer import Workspace, build_model, make_engine
 from models.policy import ModelSpec, build_policy, count_parameters
 
@@ -112,8 +113,6 @@ def measure(name: str, cfg, ws, model, tokenizer, chat, records, repeats: int) -
         t0 = time.perf_counter()
         engine.backend.sync_weights(model.policy)
         out["weight_sync_s"] = time.perf_counter() - t0
-        from agentr1.rollout.vllm_backend import shutdown_engines
-
         shutdown_engines()  # start the next size's engine from nothing
     return {k: round(v, 3) for k, v in out.items()}
 
@@ -157,8 +156,9 @@ def main() -> None:
 
 def table(results: dict, backends: list[str]) -> str:
     """A markdown table: one row per (size, backend), with the speed-up over hf."""
-    rows = ["| size (params) | backend | start-up s (CPU s) | action tok/s | tok/CPU-s | episodes/s | "
-            "episodes/CPU-s | vs hf (per CPU-s) |", "|---|---|---|---|---|---|---|---|"]
+    header = ("| size (params) | backend | start-up s (CPU s) | action tok/s | tok/CPU-s | episodes/s | "
+              "episodes/CPU-s | vs hf (per CPU-s) |")
+    rows = [header, "|" + "---|" * 8]
     for size, res in results.items():
         if size == "setup":
             continue

@@ -10,19 +10,19 @@ import torch
 
 pytest.importorskip("vllm")
 
-from accelerate import Accelerator  # noqa: E402
+from accelerate import Accelerator
 
-from agentr1.data import synth  # noqa: E402
-from agentr1.env.qa_env import EnvConfig, QAEnv  # noqa: E402
-from agentr1.env.search import SearchIndex  # noqa: E402
-from agentr1.rl.ppo import PPOHyper, forward_tokens, ppo_update, score_batch  # noqa: E402
-from agentr1.rollout.backend import SamplingSpec  # noqa: E402
-from agentr1.rollout.batch import collate  # noqa: E402
-from agentr1.rollout.engine import RolloutEngine, RolloutSettings  # noqa: E402
-from agentr1.rollout.vllm_backend import VLLMBackend, preserved_rng, shutdown_engines  # noqa: E402
-from models.chat import ChatFormat  # noqa: E402
-from models.policy import ModelSpec, build_policy  # noqa: E402
-from models.tokenizer import build_tokenizer  # noqa: E402
+from agentr1.data import synth
+from agentr1.env.qa_env import EnvConfig, QAEnv
+from agentr1.env.search import SearchIndex
+from agentr1.rl.ppo import PPOHyper, forward_tokens, ppo_update, score_batch
+from agentr1.rollout.backend import SamplingSpec
+from agentr1.rollout.batch import collate
+from agentr1.rollout.engine import RolloutEngine, RolloutSettings
+from agentr1.rollout.vllm_backend import VLLMBackend, preserved_rng, shutdown_engines
+from models.chat import ChatFormat
+from models.policy import ModelSpec, build_policy
+from models.tokenizer import build_tokenizer
 
 # fp32 on both sides; vLLM's CPU kernels sum in another order than torch's.
 LOGP_TOL = 1e-4

