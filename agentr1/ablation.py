@@ -37,6 +37,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentr1.config import Config, ConfigError, _format_validation_error, apply_overrides, config_hash
+from agentr1.fsutil import atomic_file
 from agentr1.rollout.backend import Generation, SamplingSpec
 
 Kind = Literal["rl", "base", "naive_rag"]
@@ -175,12 +176,10 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON (an object, or a list as JSON lines) to a temporary sibling, then rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Write JSON (an object, or a list as JSON lines) whole or not at all."""
     text = ("".join(json.dumps(o) + "\n" for o in obj) if isinstance(obj, list)
             else json.dumps(obj, indent=1, sort_keys=True))
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_file(path, lambda tmp: tmp.write_text(text))
 
 
 def claim(path: Path, identity: dict) -> None:

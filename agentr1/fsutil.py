@@ -1,8 +1,8 @@
-"""Directories that appear whole or not at all.
+"""Files and directories that appear whole or not at all.
 
-Every artifact directory of the project (datasets, policies, checkpoints) is written into a
-temporary sibling and then swapped into place, so a crash or a failed validation never
-leaves a half-written directory under the final name.
+Every artifact of the project (datasets, policies, checkpoints, rollout tables, run records)
+is written into a temporary sibling and then swapped into place, so a crash or a failed
+validation never leaves a half-written file or directory under the final name.
 """
 from __future__ import annotations
 
@@ -34,5 +34,21 @@ def atomic_dir(final: str | Path, write: Callable[[Path], None]) -> Path:
         replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def atomic_file(final: str | Path, write: Callable[[Path], None]) -> Path:
+    """Run ``write(tmp_path)`` on a temporary sibling file of ``final``, then rename it into
+    place (``os.replace``); a failed write leaves neither ``final`` changed nor the temporary."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.tmp-", dir=final.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, final)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
         raise
     return final

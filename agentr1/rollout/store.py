@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from agentr1.fsutil import atomic_file
 from agentr1.rollout.engine import Trajectory
 
 VERSION_CHARS = 12
@@ -108,18 +108,14 @@ def write_table_atomic(table: pa.Table, path: str | os.PathLike) -> RolloutDatas
 
     A reader never sees a half-written file, and a failed write leaves no temporary file.
     """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
-    os.close(fd)
-    try:
+    shas: list[str] = []
+
+    def write(tmp: Path) -> None:
         pq.write_table(table, tmp)
-        sha = file_sha256(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return RolloutDatasetInfo(target, table.num_rows, sha, sha[:VERSION_CHARS])
+        shas.append(file_sha256(tmp))
+
+    target = atomic_file(path, write)
+    return RolloutDatasetInfo(target, table.num_rows, shas[0], shas[0][:VERSION_CHARS])
 
 
 def write_rollouts(trajs: list[Trajectory], path: str | os.PathLike, iteration: int,
