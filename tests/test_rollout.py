@@ -4,32 +4,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentr1.data import synth
 from agentr1.env.agents import OracleAgent
-from agentr1.env.qa_env import EnvConfig, QAEnv
-from agentr1.env.search import SearchIndex
 from agentr1.rl.ppo import forward_tokens
 from agentr1.rollout.backend import Generation, HFBackend, SamplingSpec, sample_next
 from agentr1.rollout.batch import collate
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings
-from models.chat import ChatFormat
 from models.policy import ModelSpec, build_policy
-from models.tokenizer import build_tokenizer
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    splits, corpus = synth.generate(3, n_train=40, n_dev=5, n_test=24)
-    search = SearchIndex.build(corpus, cache_dir=tmp_path_factory.mktemp("idx"))
-    env = QAEnv(search, EnvConfig(top_k=1, max_turns=4, system_prompt=""))
-    texts = [f"{d.title}\n{d.text}" for d in corpus] + [r.question for r in splits["train"]]
-    texts += ['<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>'] * 50
-    tok = build_tokenizer(texts, vocab_size=600)
-    chat = ChatFormat(tok, None)
+def world(rollout_world):
     model = build_policy(ModelSpec(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2,
-                                   intermediate_size=64), tok, seed=0)
+                                   intermediate_size=64), rollout_world["tok"], seed=0)
     model.eval()
-    return {"splits": splits, "env": env, "tok": tok, "chat": chat, "model": model}
+    return {**rollout_world, "model": model}
 
 
 def make_engine(world, backend=None, max_turn_tokens=12, max_context=400, temperature=1.0):

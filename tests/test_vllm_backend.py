@@ -12,17 +12,12 @@ pytest.importorskip("vllm")
 
 from accelerate import Accelerator
 
-from agentr1.data import synth
-from agentr1.env.qa_env import EnvConfig, QAEnv
-from agentr1.env.search import SearchIndex
 from agentr1.rl.ppo import PPOHyper, forward_tokens, ppo_update, score_batch
 from agentr1.rollout.backend import SamplingSpec
 from agentr1.rollout.batch import collate
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings
 from agentr1.rollout.vllm_backend import VLLMBackend, preserved_rng, shutdown_engines
-from models.chat import ChatFormat
 from models.policy import ModelSpec, build_policy
-from models.tokenizer import build_tokenizer
 
 # fp32 on both sides; vLLM's CPU kernels sum in another order than torch's.
 LOGP_TOL = 1e-4
@@ -30,19 +25,13 @@ MAX_LEN = 512
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    splits, corpus = synth.generate(3, n_train=40, n_dev=5, n_test=24)
-    search = SearchIndex.build(corpus, cache_dir=tmp_path_factory.mktemp("idx"))
-    env = QAEnv(search, EnvConfig(top_k=1, max_turns=4, system_prompt=""))
-    texts = [f"{d.title}\n{d.text}" for d in corpus] + [r.question for r in splits["train"]]
-    texts += ['<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>'] * 50
-    tok = build_tokenizer(texts, vocab_size=600)
+def world(rollout_world):
     # head size 32: the smallest vLLM's CPU attention supports
     model = build_policy(ModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2,
-                                   intermediate_size=128, max_position_embeddings=512), tok, seed=0)
+                                   intermediate_size=128, max_position_embeddings=512),
+                         rollout_world["tok"], seed=0)
     model.eval()
-    yield {"splits": splits, "env": env, "tok": tok, "chat": ChatFormat(tok, None), "model": model,
-           "backend": VLLMBackend(model.policy, max_model_len=MAX_LEN)}
+    yield {**rollout_world, "model": model, "backend": VLLMBackend(model.policy, max_model_len=MAX_LEN)}
     shutdown_engines()
 
 
