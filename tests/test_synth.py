@@ -202,6 +202,15 @@ def test_small_inventory_names_are_one_word_of_three_short_syllables():
             assert word.fullmatch(hop["answer"]) and word.fullmatch(hop["query"]), hop
 
 
+def test_config_and_cli_offer_exactly_the_generator_inventories():
+    from typing import get_args
+
+    from agentr1.config import SynthConfig
+
+    assert set(get_args(SynthConfig.model_fields["names"].annotation)) == set(synth.NAME_INVENTORIES)
+    assert SynthConfig().names == synth.DEFAULT_NAMES
+
+
 def test_unknown_name_inventory_is_refused():
     with pytest.raises(ValueError, match="unknown name inventory"):
         generate(0, n_train=1, n_dev=1, n_test=1, names="huge")
