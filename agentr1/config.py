@@ -70,6 +70,9 @@ class EnvConfig(_Section):
     """Assistant turns per episode, the answer turn included."""
     max_query_chars: int = Field(200, ge=1)
     max_doc_chars: int | None = 400
+    doc_header: bool = True
+    """Start each search result with "Doc <rank> (<title>): "; a top-1 search on documents that
+    open with their title gains nothing from it but ~9 tokens per call."""
     system_prompt: str | None = None
     """Instructions in the system message; None keeps the environment's default."""
     tools_in_prompt: bool = True
@@ -115,6 +118,17 @@ class SFTConfig(_Section):
     warmdown_ratio: float = Field(0.3, gt=0, le=1)
     """Share of the steps, at the end, over which the rate decays (cosine to 0.1x); before
     that it is held at ``lr``."""
+    corpus_steps: int = Field(0, ge=0)
+    """Next-token steps on the search corpus before the demonstrations (a from-scratch model's
+    pretraining): documents repeat their subject's name, so they teach copying names, the
+    skill every action needs, with a loss on every token instead of ~1 in 7. Only documents
+    that support training questions are used, so no dev/test fact is learnt. Scratch models only."""
+    corpus_block: int = Field(128, ge=8)
+    """Tokens per row of packed documents in the corpus steps."""
+    value_fit_episodes: int = Field(2000, ge=0)
+    """After the warm-up, fit the linear value head (trunk frozen, least squares) to the
+    returns of this many demonstrations, so PPO's critic starts at a baseline instead of 0.
+    0 leaves the head at 0."""
     weight_decay: float = 0.0
     expert: ExpertConfig = ExpertConfig()
 

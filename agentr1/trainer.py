@@ -32,12 +32,13 @@ from agentr1 import checkpoint as ckpt
 from agentr1.config import Config
 from agentr1.data.records import QARecord, load_corpus_dir, load_split, write_dataset
 from agentr1.env.agents import ExpertNoise, NoisyExpertAgent, run_episodes
+from agentr1.env.protocol import tool_call_scaffold
 from agentr1.env.qa_env import EnvConfig, QAEnv
 from agentr1.env.rewards import RewardWeights
 from agentr1.env.search import SearchIndex
 from agentr1.evaluate import EvalResult, evaluate, render_trajectory
 from agentr1.rl.ppo import PPOHyper, ppo_update, score_batch
-from agentr1.rl.sft import pad_episodes, sft_loss
+from agentr1.rl.sft import fit_value_head, pack_documents, pad_episodes, sft_loss, turn_returns
 from agentr1.rollout.backend import HFBackend
 from agentr1.rollout.batch import collate, length_bucketed_batches
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings, Trajectory
@@ -103,7 +104,8 @@ class Workspace:
 def make_env(cfg: Config, search: SearchIndex) -> QAEnv:
     e = cfg.env
     return QAEnv(search, EnvConfig(top_k=e.top_k, max_turns=e.max_turns, max_query_chars=e.max_query_chars,
-                                   max_doc_chars=e.max_doc_chars, system_prompt=e.system_prompt),
+                                   max_doc_chars=e.max_doc_chars, doc_header=e.doc_header,
+                                   system_prompt=e.system_prompt),
                  RewardWeights(**cfg.reward.model_dump()))
 
 
@@ -202,7 +204,8 @@ def build_model(cfg: Config, ws: Workspace, records, transcripts):
         from models.policy import ModelSpec, build_policy
         from models.tokenizer import build_tokenizer
 
-        tokenizer = build_tokenizer(tokenizer_texts(ws, records, transcripts), vocab_size=cfg.model.vocab_size)
+        tokenizer = build_tokenizer(tokenizer_texts(ws, records, transcripts), vocab_size=cfg.model.vocab_size,
+                                    phrases=tool_call_scaffold())
         m = cfg.model
         spec = ModelSpec(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                          num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size,
@@ -211,10 +214,35 @@ def build_model(cfg: Config, ws: Workspace, records, transcripts):
     return model, tokenizer, ChatFormat(tokenizer, ws.tools)
 
 
+def corpus_rows(ws: Workspace, tokenizer, block: int) -> torch.Tensor:
+    """The documents that support training questions, tokenised and packed into rows of
+    ``block`` tokens (end-of-turn between documents), for the warm-up's corpus steps.
+
+    Dev and test questions' documents are left out: the model learns to read and copy from
+    text, never the facts it will be asked about.
+    """
+    wanted = {d for r in ws.splits["train"] for d in r.supporting_docs}
+    texts = [d.text for d in load_corpus_dir(ws.data_dir) if d.id in wanted]
+    docs = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return pack_documents(docs, block, tokenizer.eos_token_id)
+
+
 def encode_transcripts(chat, env: QAEnv, records, transcripts) -> list[tuple[list[int], list[int]]]:
     system = env.system_prompt() or None
     return chat.encode_episodes([(system, env.user_prompt(r), t.turn_texts, t.observations)
                                  for r, t in zip(records, transcripts)])
+
+
+def value_fit_batches(episodes, transcripts, pad_token_id: int, device, batch_size: int = 64):
+    """Padded demonstrations with their returns-to-go, for :func:`fit_value_head`."""
+    for start in range(0, len(episodes), batch_size):
+        chunk = episodes[start:start + batch_size]
+        ids, attn, target = pad_episodes(chunk, pad_token_id)
+        returns = torch.zeros_like(target)
+        for b, ((_, mask), t) in enumerate(zip(chunk, transcripts[start:start + batch_size])):
+            r = turn_returns(mask, t.process_rewards, t.outcome_reward)
+            returns[b, : len(r) - 1] = torch.tensor(r[1:])
+        yield ids.to(device), attn.to(device), target.to(device), returns.to(device)
 
 
 def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
@@ -230,44 +258,66 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     log.info("warm-up: %d expert episodes (expert EM %.3f), %.1f action tokens/episode, built in %.1fs",
              len(episodes), expert_em, np.mean([sum(m) for _, m in episodes]), time.time() - t0)
 
+    sft = cfg.sft
+    corpus_steps = sft.corpus_steps if cfg.model.kind == "scratch" else 0
+    rows = corpus_rows(ws, tokenizer, sft.corpus_block) if corpus_steps else None
+    if rows is not None:
+        log.info("warm-up: %d corpus steps on %d rows of %d tokens, then %d steps on the demonstrations",
+                 corpus_steps, len(rows), sft.corpus_block, sft.steps)
+    total = corpus_steps + sft.steps
     acc = make_accelerator(cfg, ws.device, cfg.ppo.mixed_precision, 1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
-    scheduler = cosine_schedule(optimizer, cfg.sft.warmup_steps, cfg.sft.steps, cfg.sft.warmdown_ratio)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=sft.weight_decay)
+    scheduler = cosine_schedule(optimizer, sft.warmup_steps, total, sft.warmdown_ratio)
     model, optimizer, scheduler = acc.prepare(model, optimizer, scheduler)
     model.train()
     gen = torch.Generator().manual_seed(cfg.seed)
     batches = iter(())
     metrics = {"sft/loss": float("nan"), "sft/token_acc": float("nan")}  # sft.steps=0: no warm-up
-    bar = tqdm(range(cfg.sft.steps), desc="warm-up", mininterval=5, disable=None)
+    bar = tqdm(range(total), desc="warm-up", mininterval=5, disable=None)
     for step in bar:
-        idx = next(batches, None)
-        if idx is None:
-            batches = iter(length_bucketed_batches([len(e[0]) for e in episodes], cfg.sft.batch_size, gen))
-            idx = next(batches)
-        ids, attn, target = (x.to(ws.device) for x in pad_episodes([episodes[i] for i in idx], chat.pad_token_id))
+        if step < corpus_steps:  # next-token loss on every token of packed documents
+            ids = rows[torch.randint(len(rows), (sft.batch_size,), generator=gen)].to(ws.device)
+            attn, target = torch.ones_like(ids), torch.ones(ids.shape[0], ids.shape[1] - 1, device=ws.device)
+        else:
+            idx = next(batches, None)
+            if idx is None:
+                batches = iter(length_bucketed_batches([len(e[0]) for e in episodes], sft.batch_size, gen))
+                idx = next(batches)
+            ids, attn, target = (x.to(ws.device)
+                                 for x in pad_episodes([episodes[i] for i in idx], chat.pad_token_id))
         with acc.autocast():
             loss, metrics = sft_loss(model, ids, attn, target)
+        if step < corpus_steps:
+            metrics = {"sft/corpus_loss": metrics["sft/loss"], "sft/corpus_token_acc": metrics["sft/token_acc"]}
         acc.backward(loss)
         acc.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        if step % 20 == 0 or step == cfg.sft.steps - 1:
-            bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}", acc=f"{metrics['sft/token_acc']:.3f}")
+        if step % 20 == 0 or step == total - 1:
+            loss_v, acc_v = list(metrics.values())[:2]
+            bar.set_postfix(loss=f"{loss_v:.3f}", acc=f"{acc_v:.3f}")
             if step % 100 == 0:  # the bar is silent when stderr is not a terminal (CI, Prefect)
-                log.info("warm-up step %d/%d  loss %.3f  token acc %.3f  %.0fs", step, cfg.sft.steps,
-                         metrics["sft/loss"], metrics["sft/token_acc"], time.time() - t0)
+                log.info("warm-up step %d/%d  %s %.3f  token acc %.3f  %.0fs", step, total,
+                         "corpus loss" if step < corpus_steps else "loss", loss_v, acc_v, time.time() - t0)
             if log_metrics:
                 log_metrics({**metrics, "sft/lr": scheduler.get_last_lr()[0]}, step)
     model = acc.unwrap_model(model)
     model.eval()
+    value_r2 = None
+    if sft.value_fit_episodes:
+        n = min(sft.value_fit_episodes, len(episodes))
+        value_r2 = fit_value_head(model, value_fit_batches(episodes[:n], transcripts[:n], chat.pad_token_id,
+                                                           ws.device))
+        log.info("warm-up: value head fitted to %d demonstrations' returns, R^2 %.3f", n, value_r2)
     out = Path(cfg.output_dir) / "warmup"
     save_actor_critic(model, tokenizer, out)
     (out / "warmup_stats.json").write_text(json.dumps(
-        {"expert_em": expert_em, "episodes": len(episodes), "steps": cfg.sft.steps,
-         "seconds": time.time() - t0, "final_loss": metrics["sft/loss"]}, indent=1))
+        {"expert_em": expert_em, "episodes": len(episodes), "steps": sft.steps, "corpus_steps": corpus_steps,
+         "value_fit_r2": value_r2,
+         "seconds": time.time() - t0, "final_loss": metrics.get("sft/loss", float("nan"))}, indent=1))
     log.info("warm-up done in %.1fs: loss %.3f, token acc %.3f", time.time() - t0,
-             metrics["sft/loss"], metrics["sft/token_acc"])
+             metrics.get("sft/loss", float("nan")), metrics.get("sft/token_acc", float("nan")))
     return model, tokenizer, chat
 
 

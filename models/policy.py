@@ -74,6 +74,13 @@ class ActorCritic(nn.Module):
             nn.init.zeros_(value_head.bias)
         self.value_head = value_head.float()  # fp32 even when the trunk runs in bf16
 
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                      position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The trunk's last hidden states (B, T, H): what the LM head and the value head read."""
+        return _base_lm(self.policy).model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -89,9 +96,7 @@ class ActorCritic(nn.Module):
         third of a small model's forward, and training needs logits at action tokens only.
         """
         lm = _base_lm(self.policy)
-        hidden = lm.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state  # (B, T, H)
+        hidden = self.hidden_states(input_ids, attention_mask, position_ids)
         values = self.value_head(hidden.float()).squeeze(-1)
         if logits_at is not None:
             hidden = hidden[logits_at]

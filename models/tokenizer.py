@@ -146,12 +146,18 @@ def build_tokenizer(
     vocab_size: int = 2048,
     max_capitalised_token: int = MAX_CAPITALISED_TOKEN,
     min_frequency: int = MIN_FREQUENCY,
+    phrases: Iterable[str] = (),
 ) -> PreTrainedTokenizerFast:
     """Train a tokenizer on ``texts``: documents, questions, tool calls, answers and the
     rendered prompts (system prompt + tools), each text as often as it occurs in training,
     so that frequent scaffolding becomes whole tokens.
 
-    Special tokens take ids 0..len(SPECIAL_TOKENS)-1 in the order of ``SPECIAL_TOKENS``.
+    ``phrases``: fixed strings that become one (non-special) token each, matched before any
+    other splitting, e.g. the JSON of a tool call around its argument. BPE alone cannot merge
+    them: its pieces never cross punctuation and spaces.
+
+    Special tokens take ids 0..len(SPECIAL_TOKENS)-1 in the order of ``SPECIAL_TOKENS``;
+    phrases follow the BPE vocabulary.
     The vocabulary ends up below ``vocab_size`` by the merges that capping removes, and
     when fewer merges reach ``min_frequency``.
     """
@@ -161,6 +167,7 @@ def build_tokenizer(
     # the cap removes. Train for a larger vocabulary so the kept merges fill ``vocab_size``.
     backend = _cap_capitalised(_train_bpe(texts, OVERTRAIN * vocab_size, min_frequency),
                                max_capitalised_token, vocab_size)
+    backend.add_tokens([AddedToken(p, special=False, normalized=False) for p in phrases])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token=EOS_TOKEN,

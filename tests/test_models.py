@@ -27,6 +27,7 @@ from models import (
     load_pretrained,
     save_actor_critic,
 )
+from agentr1.env.protocol import tool_call_scaffold
 from models.tokenizer import MAX_CAPITALISED_TOKEN
 
 TINY = ModelSpec(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64,
@@ -78,7 +79,7 @@ def corpus() -> list[str]:
 
 @pytest.fixture(scope="module")
 def tok(corpus):
-    return build_tokenizer(corpus, vocab_size=1024)
+    return build_tokenizer(corpus, vocab_size=1024, phrases=tool_call_scaffold())
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +101,20 @@ def test_special_tokens_are_single_ids_in_order(tok):
     ids = enc("<tool_call>{}</tool_call><answer>x</answer><|im_end|>")
     assert ids == [3] + enc("{}") + [4, 7] + enc("x") + [8, 2]
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<pad>"
+
+
+def test_tool_call_scaffold_is_one_token_each_side(tok):
+    before, after = tool_call_scaffold()
+    assert tool_call("Q") == f"<tool_call>{before}Q{after}</tool_call>"
+    name = "Zorvak Pellin"
+    ids = tok.encode(tool_call(name), add_special_tokens=False)
+    assert ids == [3, *tok.encode(before, add_special_tokens=False), *tok.encode(name, add_special_tokens=False),
+                   *tok.encode(after, add_special_tokens=False), 4]
+    assert len(tok.encode(before, add_special_tokens=False)) == len(tok.encode(after, add_special_tokens=False)) == 1
+    assert before not in tok.all_special_tokens  # decoding with skip_special_tokens keeps it
+    assert tok.decode(ids, skip_special_tokens=True) == before + name + after
+    # Elsewhere, the same characters split as usual.
+    assert len(tok.encode('{"name": "lookup"}', add_special_tokens=False)) > 1
 
 
 def test_decode_encode_is_identity(tok):
@@ -250,7 +265,7 @@ def test_save_load_round_trip(tok, tmp_path):
     assert torch.equal(l1, l2) and torch.equal(v1, v2) and v1.abs().sum() > 0
     rng = random.Random(7)
     texts = ["".join(rng.choice(string.printable) for _ in range(50)) for _ in range(50)]
-    texts += ['{"query": "Zorvak Pellin"}', "Zoë Ångström's 'Tamsu' — 1987.", tool_call("A B")]
+    texts += ['{"query": "Zorvak Pellin"}', "Zoë Ångström's 'Tamsu' — 1987.", tool_call("A B"), tool_call('x "y"')]
     for t in texts:  # AutoTokenizer (what vLLM uses too) must split exactly as the built one
         assert tok2.encode(t, add_special_tokens=False) == tok.encode(t, add_special_tokens=False), t
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Question: q"}]

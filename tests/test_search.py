@@ -123,3 +123,4 @@ def test_format_hits():
     assert format_hits(hits[:1], max_chars_per_doc=21) == "Doc 1 (Kelmora): Kelmora is a city in"
     assert format_hits(hits[:1], max_chars_per_doc=3) == "Doc 1 (Kelmora): Kel"
     assert format_hits([]) == ""
+    assert format_hits(hits, header=False) == "Kelmora is a city in Vostan.\nVostan is small."

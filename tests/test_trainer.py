@@ -9,7 +9,8 @@ import torch
 
 from agentr1.cli import main
 from agentr1.config import ConfigError, load_config
-from agentr1.trainer import Workspace, train, train_ppo, warmup
+from agentr1.data.records import load_corpus_dir
+from agentr1.trainer import Workspace, corpus_rows, train, train_ppo, warmup
 
 TINY = [
     "data.synth.n_train=48", "data.synth.n_dev=4", "data.synth.n_test=12",
@@ -58,9 +59,25 @@ def test_resume_gives_the_same_parameters_as_one_run(data_dir, tmp_path):
     assert len(hist_b) == 4
 
 
+def test_corpus_rows_hold_only_documents_of_training_questions(data_dir, tmp_path):
+    from models.tokenizer import build_tokenizer
+
+    cfg = tiny_config(data_dir, tmp_path)
+    ws = Workspace.build(cfg)
+    texts = {d.id: d.text for d in load_corpus_dir(data_dir)}
+    tok = build_tokenizer(list(texts.values()), vocab_size=400)
+    rows = corpus_rows(ws, tok, block=16)
+    packed = tok.decode(rows.flatten().tolist())
+    train_docs = {d for r in ws.splits["train"] for d in r.supporting_docs}
+    held_out = {d for s in ("dev", "test") for r in ws.splits[s] for d in r.supporting_docs} - train_docs
+    assert held_out and rows.shape[1] == 16
+    assert not any(texts[d] in packed for d in held_out)
+    assert sum(texts[d] in packed for d in train_docs) >= len(train_docs) - 2  # the tail row may be cut
+
+
 @pytest.mark.slow
 def test_train_writes_summary_checkpoints_plot_and_trajectories(data_dir, tmp_path):
-    cfg = tiny_config(data_dir, tmp_path / "run", "ppo.iterations=2")
+    cfg = tiny_config(data_dir, tmp_path / "run", "ppo.iterations=2", "sft.corpus_steps=2")
     summary = train(cfg)
     out = tmp_path / "run"
     for name in ("warmup/config.json", "warmup/value_head.safetensors", "final/config.json",
@@ -77,6 +94,7 @@ def test_train_writes_summary_checkpoints_plot_and_trajectories(data_dir, tmp_pa
         assert key in history[0], key
     text = (out / "trajectories_final.txt").read_text()
     assert "⟦env" in text and "▶" in text
+    assert json.loads((out / "warmup/warmup_stats.json").read_text())["corpus_steps"] == 2
 
 
 @pytest.mark.slow

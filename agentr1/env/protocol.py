@@ -85,6 +85,16 @@ def format_tool_call(query: str) -> str:
     return f"{TOOL_CALL_START}{json.dumps(call, ensure_ascii=False)}{TOOL_CALL_END}"
 
 
+def tool_call_scaffold() -> tuple[str, str]:
+    """The fixed text of a search call around its query, tags excluded:
+    ``('{"name": "search", "arguments": {"query": "', '"}}')``. A from-scratch tokenizer makes
+    each one token, so the policy samples a call as ~4 tokens plus the query, not ~17."""
+    sentinel = "QUERYSENTINEL"
+    body = format_tool_call(sentinel)[len(TOOL_CALL_START):-len(TOOL_CALL_END)]
+    before, after = body.split(sentinel)
+    return before, after
+
+
 def format_answer(answer: str) -> str:
     return f"{ANSWER_START}{answer}{ANSWER_END}"
 

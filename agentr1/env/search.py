@@ -204,9 +204,13 @@ def _save_cached(retriever: bm25s.BM25, path: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def format_hits(hits: Sequence[Hit], max_chars_per_doc: int | None = None) -> str:
-    """"Doc 1 (Title): text" lines, one per hit: the body placed inside <tool_response>."""
-    return "\n".join(f"Doc {hit.rank} ({hit.title}): {_truncate(hit.text, max_chars_per_doc)}" for hit in hits)
+def format_hits(hits: Sequence[Hit], max_chars_per_doc: int | None = None, header: bool = True) -> str:
+    """"Doc 1 (Title): text" lines, one per hit: the body placed inside <tool_response>.
+
+    ``header=False`` leaves out "Doc 1 (Title): " and gives the texts alone.
+    """
+    return "\n".join((f"Doc {hit.rank} ({hit.title}): " if header else "") + _truncate(hit.text, max_chars_per_doc)
+                     for hit in hits)
 
 
 def _truncate(text: str, max_chars: int | None) -> str:

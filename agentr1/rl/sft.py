@@ -25,6 +25,16 @@ def pad_episodes(episodes: list[tuple[list[int], list[int]]], pad_token_id: int
     return input_ids, attn, target
 
 
+def pack_documents(docs: list[list[int]], block: int, sep_id: int) -> torch.Tensor:
+    """Token lists joined end to end, each followed by ``sep_id``, cut into rows of ``block``
+    tokens (R, block); the tail that does not fill a row is dropped."""
+    flat = [t for doc in docs for t in (*doc, sep_id)]
+    rows = len(flat) // block
+    if rows == 0:
+        raise ValueError(f"pack_documents: {len(flat)} tokens do not fill one row of {block}")
+    return torch.tensor(flat[: rows * block], dtype=torch.long).view(rows, block)
+
+
 def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor
              ) -> tuple[torch.Tensor, dict[str, float]]:
     """Mean negative log-likelihood over action tokens; metrics: loss and token accuracy.
@@ -42,3 +52,58 @@ def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, targe
     with torch.no_grad():
         acc = (logits.argmax(-1) == labels).float().mean() if nll.numel() else torch.zeros(())
     return loss, {"sft/loss": float(loss.detach()), "sft/token_acc": float(acc)}
+
+
+def turn_returns(action_mask: list[int], process_rewards: list[float], outcome: float) -> list[float]:
+    """Return-to-go (gamma 1) of every token of an encoded episode: on the tokens of assistant
+    turn k (the k-th run of 1s in ``action_mask``), the process rewards of turns k.. plus the
+    outcome; 0 on environment tokens. What a value head trained by PPO would predict there."""
+    runs, prev = [], 0
+    for i, m in enumerate(action_mask):
+        if m and not prev:
+            runs.append(i)
+        prev = m
+    if len(runs) != len(process_rewards):
+        raise ValueError(f"turn_returns: {len(runs)} assistant turns but {len(process_rewards)} process rewards")
+    to_go = [outcome + sum(process_rewards[k:]) for k in range(len(runs))]
+    out, turn = [], -1
+    for i, m in enumerate(action_mask):
+        if m and (turn + 1 < len(runs) and runs[turn + 1] == i):
+            turn += 1
+        out.append(to_go[turn] if m else 0.0)
+    return out
+
+
+@torch.no_grad()
+def fit_value_head(model, batches, ridge: float = 1e-2) -> float:
+    """Least-squares fit of the linear value head to returns-to-go, the trunk untouched.
+
+    ``batches`` yields ``(input_ids, attention_mask, target_mask, returns)`` with the last two
+    (B, L-1), aligned like PPO's values (column j - 1 is token j, read from the hidden state
+    before it). Sets the head's weight and bias and returns R^2 on those tokens. A critic that
+    starts at 0 makes GAE's first advantages plain returns; this starts it at the baseline of
+    the demonstrations the policy imitates.
+    """
+    head = model.value_head
+    xtx = torch.zeros(head.in_features + 1, head.in_features + 1, dtype=torch.float64)
+    xty = torch.zeros(head.in_features + 1, dtype=torch.float64)
+    ys = []
+    for input_ids, attention_mask, target, returns in batches:
+        hidden = model.hidden_states(input_ids, attention_mask)[:, :-1][target.bool()].double()
+        x = torch.cat([hidden, torch.ones(len(hidden), 1, dtype=torch.float64)], dim=1)
+        y = returns[target.bool()].double()
+        xtx += x.T @ x
+        xty += x.T @ y
+        ys.append(y)
+    y = torch.cat(ys)
+    if len(y) == 0:
+        raise ValueError("fit_value_head: no action tokens to fit on")
+    reg = ridge * len(y) * torch.eye(len(xty), dtype=torch.float64)
+    reg[-1, -1] = 0.0  # the bias is not shrunk
+    w = torch.linalg.solve(xtx + reg, xty)
+    head.weight.copy_(w[:-1].to(head.weight.dtype)[None])
+    head.bias.copy_(w[-1:].to(head.bias.dtype))
+    # R^2 from the normal equations: sse = y'y - 2 w'X'y + w'X'Xw
+    sse = float(y @ y - 2 * w @ xty + w @ xtx @ w)
+    sst = float(((y - y.mean()) ** 2).sum())
+    return 1.0 - sse / max(sst, 1e-12)
