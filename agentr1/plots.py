@@ -17,22 +17,32 @@ CURVE_PANELS = (
 )
 
 
-def plot_learning_curve(history: list[dict[str, float]], path: str | Path, title: str = "PPO") -> Path:
-    """Four panels against iteration, and exact match against wall time."""
+def plot_learning_curve(history: list[dict[str, float]] | dict[str, list[dict[str, float]]], path: str | Path,
+                        title: str = "PPO") -> Path:
+    """Four panels against iteration, and exact match against wall time.
+
+    ``history`` is one run's per-iteration metrics, or ``{label: history}`` to draw several
+    runs on the same axes (e.g. ``rollout.backend=hf`` beside ``vllm``).
+    """
+    runs = history if isinstance(history, dict) else {"": history}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    its = [h["iteration"] for h in history]
     fig, axes = plt.subplots(1, len(CURVE_PANELS) + 1, figsize=(4 * (len(CURVE_PANELS) + 1), 3.2))
-    for ax, (key, label) in zip(axes, CURVE_PANELS):
-        ax.plot(its, [h.get(key, float("nan")) for h in history], marker=".", lw=1)
+    for label, hist in runs.items():
+        its = [h["iteration"] for h in hist]
+        for ax, (key, _) in zip(axes, CURVE_PANELS):
+            ax.plot(its, [h.get(key, float("nan")) for h in hist], marker=".", lw=1, label=label or None)
+        axes[-1].plot([h["time/elapsed_s"] for h in hist], [h["rollout/em"] for h in hist], marker=".", lw=1,
+                      label=label or None)
+    for ax, (_, name) in zip(axes, CURVE_PANELS):
         ax.set_xlabel("iteration")
-        ax.set_title(label, fontsize=9)
+        ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3)
-    ax = axes[-1]
-    ax.plot([h["time/elapsed_s"] for h in history], [h["rollout/em"] for h in history], marker=".", lw=1)
-    ax.set_xlabel("wall time (s)")
-    ax.set_title("exact match vs wall time", fontsize=9)
-    ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("wall time (s)")
+    axes[-1].set_title("exact match vs wall time", fontsize=9)
+    axes[-1].grid(alpha=0.3)
+    if len(runs) > 1:
+        axes[0].legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
