@@ -38,7 +38,7 @@ from agentr1.env.rewards import RewardWeights
 from agentr1.env.search import SearchIndex
 from agentr1.evaluate import EvalResult, evaluate, render_trajectory
 from agentr1.rl.ppo import PPOHyper, ppo_update, score_batch
-from agentr1.rl.sft import fit_value_head, pack_documents, pad_episodes, sft_loss, turn_returns
+from agentr1.rl.sft import demo_returns, fit_value_head, pack_documents, pad_episodes, sft_loss
 from agentr1.rollout.backend import HFBackend
 from agentr1.rollout.batch import collate, length_bucketed_batches
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings, Trajectory
@@ -238,10 +238,8 @@ def value_fit_batches(episodes, transcripts, pad_token_id: int, device, batch_si
     for start in range(0, len(episodes), batch_size):
         chunk = episodes[start:start + batch_size]
         ids, attn, target = pad_episodes(chunk, pad_token_id)
-        returns = torch.zeros_like(target)
-        for b, ((_, mask), t) in enumerate(zip(chunk, transcripts[start:start + batch_size])):
-            r = turn_returns(mask, t.process_rewards, t.outcome_reward)
-            returns[b, : len(r) - 1] = torch.tensor(r[1:])
+        demos = transcripts[start:start + batch_size]
+        returns = demo_returns(target, [t.process_rewards for t in demos], [t.outcome_reward for t in demos])
         yield ids.to(device), attn.to(device), target.to(device), returns.to(device)
 
 

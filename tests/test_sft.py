@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentr1.rl.sft import fit_value_head, pack_documents, pad_episodes, turn_returns
+from agentr1.rl.sft import demo_returns, fit_value_head, pack_documents, pad_episodes
 
 
 def test_pack_documents_joins_with_separator_and_drops_the_tail():
@@ -23,12 +23,14 @@ def test_pad_episodes_targets_are_the_action_tokens_shifted():
     assert target.dtype == torch.float32
 
 
-def test_turn_returns_sum_the_rewards_still_to_come():
+def test_demo_returns_sum_the_rewards_still_to_come():
     #           prompt   turn 1   obs   turn 2  obs turn 3
     mask = [0, 0, 1, 1, 0, 0, 1, 0, 1, 1]
-    assert turn_returns(mask, [0.2, 0.0, -0.1], 1.0) == [0, 0, 1.1, 1.1, 0, 0, 0.9, 0, 0.9, 0.9]
-    with pytest.raises(ValueError, match="3 assistant turns but 2"):
-        turn_returns(mask, [0.2, 0.0], 1.0)
+    _, _, target = pad_episodes([(list(range(10)), mask)], pad_token_id=0)
+    returns = demo_returns(target, [[0.2, 0.0, -0.1]], [1.0])
+    assert returns[0].tolist() == pytest.approx([0, 1.1, 1.1, 0, 0, 0.9, 0, 0.9, 0.9])  # mask[1:]
+    with pytest.raises(ValueError, match="2 values but 3 positions"):
+        demo_returns(target, [[0.2, 0.0]], [1.0])
 
 
 def test_fit_value_head_recovers_a_linear_target_and_leaves_the_trunk():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from agentr1.rl.core import logprobs_from_logits
+from agentr1.rl.core import compute_gae, logprobs_from_logits, place_at, place_outcome
 
 
 def pad_episodes(episodes: list[tuple[list[int], list[int]]], pad_token_id: int
@@ -54,24 +54,18 @@ def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, targe
     return loss, {"sft/loss": float(loss.detach()), "sft/token_acc": float(acc)}
 
 
-def turn_returns(action_mask: list[int], process_rewards: list[float], outcome: float) -> list[float]:
-    """Return-to-go (gamma 1) of every token of an encoded episode: on the tokens of assistant
-    turn k (the k-th run of 1s in ``action_mask``), the process rewards of turns k.. plus the
-    outcome; 0 on environment tokens. What a value head trained by PPO would predict there."""
-    runs, prev = [], 0
-    for i, m in enumerate(action_mask):
-        if m and not prev:
-            runs.append(i)
-        prev = m
-    if len(runs) != len(process_rewards):
-        raise ValueError(f"turn_returns: {len(runs)} assistant turns but {len(process_rewards)} process rewards")
-    to_go = [outcome + sum(process_rewards[k:]) for k in range(len(runs))]
-    out, turn = [], -1
-    for i, m in enumerate(action_mask):
-        if m and (turn + 1 < len(runs) and runs[turn + 1] == i):
-            turn += 1
-        out.append(to_go[turn] if m else 0.0)
-    return out
+def demo_returns(target_mask: torch.Tensor, process_rewards: list[list[float]], outcomes: list[float]
+                 ) -> torch.Tensor:
+    """Returns-to-go (gamma 1) of padded demonstrations, (B, L-1) like ``pad_episodes``'s
+    target mask, computed as PPO computes them: each turn's process reward on its last action
+    token, the outcome on the episode's last one, then GAE with V = 0 and lam = 1. A token of
+    turn k gets the process rewards of turns k.. plus the outcome; environment tokens get 0."""
+    on = target_mask.bool()
+    turn_ends = on & ~torch.cat([on[:, 1:], torch.zeros_like(on[:, :1])], dim=1)
+    positions = [row.nonzero().squeeze(-1).tolist() for row in turn_ends]
+    rewards = place_at(process_rewards, positions, tuple(on.shape), on.device) + place_outcome(
+        torch.tensor(outcomes, dtype=torch.float32, device=on.device), target_mask)
+    return compute_gae(rewards, torch.zeros_like(rewards), target_mask, gamma=1.0, lam=1.0)[1]
 
 
 @torch.no_grad()
