@@ -273,7 +273,8 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     metrics = {"sft/loss": float("nan"), "sft/token_acc": float("nan")}  # sft.steps=0: no warm-up
     bar = tqdm(range(total), desc="warm-up", mininterval=5, disable=None)
     for step in bar:
-        if step < corpus_steps:  # next-token loss on every token of packed documents
+        on_corpus = step < corpus_steps
+        if on_corpus:  # next-token loss on every token of packed documents
             ids = rows[torch.randint(len(rows), (sft.batch_size,), generator=gen)].to(ws.device)
             attn, target = torch.ones_like(ids), torch.ones(ids.shape[0], ids.shape[1] - 1, device=ws.device)
         else:
@@ -285,19 +286,20 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
                                  for x in pad_episodes([episodes[i] for i in idx], chat.pad_token_id))
         with acc.autocast():
             loss, metrics = sft_loss(model, ids, attn, target)
-        if step < corpus_steps:
-            metrics = {"sft/corpus_loss": metrics["sft/loss"], "sft/corpus_token_acc": metrics["sft/token_acc"]}
+        prefix = "sft/corpus_" if on_corpus else "sft/"
+        if on_corpus:
+            metrics = {prefix + k.removeprefix("sft/"): v for k, v in metrics.items()}
         acc.backward(loss)
         acc.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         if step % 20 == 0 or step == total - 1:
-            loss_v, acc_v = list(metrics.values())[:2]
+            loss_v, acc_v = metrics[prefix + "loss"], metrics[prefix + "token_acc"]
             bar.set_postfix(loss=f"{loss_v:.3f}", acc=f"{acc_v:.3f}")
             if step % 100 == 0:  # the bar is silent when stderr is not a terminal (CI, Prefect)
                 log.info("warm-up step %d/%d  %s %.3f  token acc %.3f  %.0fs", step, total,
-                         "corpus loss" if step < corpus_steps else "loss", loss_v, acc_v, time.time() - t0)
+                         "corpus loss" if on_corpus else "loss", loss_v, acc_v, time.time() - t0)
             if log_metrics:
                 log_metrics({**metrics, "sft/lr": scheduler.get_last_lr()[0]}, step)
     model = acc.unwrap_model(model)
