@@ -486,11 +486,13 @@ class Efficiency:
     ``target`` is vanilla PPO's final value of ``metric`` (mean curve over seeds). The full
     method's cost is the first evaluated iteration (and its training seconds) at which its
     mean curve reaches the target; vanilla's is where its own curve first got there. Ratios
-    below 1 mean the full method is faster.
+    below 1 mean the full method is faster. ``reference`` names the variant compared against
+    (vanilla PPO for the paper's figure; :func:`efficiency_table` uses every other one).
     """
 
     metric: str
     status: Literal["reached", "never_reached", "no_gain", "missing"]
+    reference: str = VANILLA
     target: float | None = None
     start: float | None = None
     """Vanilla's value at iteration 0 (the shared warm-up)."""
@@ -512,16 +514,17 @@ class Efficiency:
 
     def sentence(self) -> str:
         if self.status == "missing":
-            return f"Efficiency ratio not computed: it needs both `{FULL}` and `{VANILLA}` in the variants."
-        t = f"vanilla PPO's final {self.metric} ({self.target:.3f})"
+            return f"Efficiency ratio not computed: it needs both `{FULL}` and `{self.reference}` in the variants."
+        who = "vanilla PPO" if self.reference == VANILLA else f"`{self.reference}`"
+        t = f"{who}'s final {self.metric} ({self.target:.3f})"
         if self.status == "no_gain":
             return (f"Efficiency ratio not defined: {t} is no better than the warm-up's ({self.start:.3f}), "
                     f"so there is no gain whose speed could be compared.")
         if self.status == "never_reached":
             return (f"The full method never reached {t} within the budget of {self.budget} iterations "
-                    f"(vanilla got there at iteration {self.vanilla_iterations}).")
+                    f"({who} got there at iteration {self.vanilla_iterations}).")
         text = (f"The full method reached {t} at iteration {self.full_iterations} "
-                f"({self.full_seconds:.0f} s of training) vs vanilla PPO's {self.vanilla_iterations} "
+                f"({self.full_seconds:.0f} s of training) vs {who}'s {self.vanilla_iterations} "
                 f"({self.vanilla_seconds:.0f} s): iteration ratio {self.iteration_ratio:.2f}")
         return text + (f", wall-time ratio {self.time_ratio:.2f}." if self.time_ratio is not None else ".")
 
@@ -538,10 +541,10 @@ def efficiency(curves: dict[str, list[dict]], metric: str = "greedy/em", full: s
                vanilla: str = VANILLA) -> Efficiency:
     """The learning-efficiency figure from mean curves (see :class:`Efficiency`)."""
     if not curves.get(full) or not curves.get(vanilla):
-        return Efficiency(metric, "missing")
+        return Efficiency(metric, "missing", reference=vanilla)
     van, ful = curves[vanilla], curves[full]
     target, start, budget = van[-1][metric], van[0][metric], int(van[-1]["iteration"])
-    common = {"metric": metric, "target": target, "start": start, "budget": budget}
+    common = {"metric": metric, "target": target, "start": start, "budget": budget, "reference": vanilla}
     if target <= start + REACH_EPS:
         return Efficiency(status="no_gain", **common)
     v = first_reach(van, metric, target)
@@ -551,3 +554,30 @@ def efficiency(curves: dict[str, list[dict]], metric: str = "greedy/em", full: s
                           vanilla_seconds=v["train_seconds"], **common)
     return Efficiency(status="reached", full_iterations=int(f["iteration"]), full_seconds=f["train_seconds"],
                       vanilla_iterations=int(v["iteration"]), vanilla_seconds=v["train_seconds"], **common)
+
+
+def efficiency_table(curves: dict[str, list[dict]], metric: str = "greedy/em", full: str = FULL) -> list[Efficiency]:
+    """The same figure against every other variant with a curve: where the full method first
+    reaches each one's final ``metric``, against where that variant got there itself. When
+    vanilla PPO gains nothing the paper's ratio is undefined, and these still say how much
+    sooner the full method matches each ablation's result."""
+    return [efficiency(curves, metric, full, name) for name in curves if name != full]
+
+
+def efficiency_markdown(rows: list[Efficiency], split: str) -> str:
+    """A table of :func:`efficiency_table`: one row per reference variant."""
+    head = (f"| against | its final {rows[0].metric if rows else ''} ({split}) | the full method got there at "
+            "| it got there at | iteration ratio | time ratio |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|"]
+    for e in rows:
+        if e.status in ("no_gain", "missing"):
+            what = "no gain over the warm-up" if e.status == "no_gain" else "no curve"
+            lines.append(f"| `{e.reference}` | {'-' if e.target is None else f'{e.target:.3f}'} | {what} | - | - | - |")
+            continue
+        got = (f"iteration {e.full_iterations} ({e.full_seconds:.0f} s)" if e.status == "reached"
+               else f"never (in {e.budget} iterations)")
+        ratio = "-" if e.iteration_ratio is None else f"{e.iteration_ratio:.2f}"
+        t_ratio = "-" if e.time_ratio is None else f"{e.time_ratio:.2f}"
+        lines.append(f"| `{e.reference}` | {e.target:.3f} | {got} | iteration {e.vanilla_iterations} "
+                     f"({e.vanilla_seconds:.0f} s) | {ratio} | {t_ratio} |")
+    return "\n".join(lines)

@@ -19,6 +19,8 @@ from agentr1.ablation import (
     NaiveRAGBackend,
     claim,
     efficiency,
+    efficiency_markdown,
+    efficiency_table,
     eval_iterations,
     mean_curve,
     mean_std,
@@ -188,6 +190,26 @@ def test_efficiency_ratio_reached_never_reached_no_gain_missing():
     assert "not defined" in efficiency({FULL: fast, VANILLA: flat}).sentence()
     assert efficiency({FULL: fast}).status == "missing"
     assert json.loads(json.dumps(eff.to_dict()))["iteration_ratio"] == 0.5
+
+
+def test_efficiency_table_compares_the_full_method_with_every_other_variant():
+    start = (0, 0, 0.4)
+    curves = {FULL: mean_points([start, (5, 30, 0.6), (10, 60, 0.7)]),
+              VANILLA: mean_points([start, (5, 30, 0.3), (10, 60, 0.25)]),
+              "ppo-outcome-only": mean_points([start, (5, 31, 0.45), (10, 62, 0.55)]),
+              "reinforce-pp": mean_points([start, (5, 29, 0.5), (10, 58, 0.75)])}
+    table = {e.reference: e for e in efficiency_table(curves)}
+    assert set(table) == {VANILLA, "ppo-outcome-only", "reinforce-pp"}
+    assert table[VANILLA].status == "no_gain" and table[VANILLA] == efficiency(curves)
+    outcome = table["ppo-outcome-only"]
+    assert (outcome.status, outcome.full_iterations, outcome.vanilla_iterations) == ("reached", 5, 10)
+    assert outcome.iteration_ratio == pytest.approx(0.5) and outcome.time_ratio == pytest.approx(30 / 62)
+    assert "`ppo-outcome-only`'s final greedy/em (0.550)" in outcome.sentence()
+    assert table["reinforce-pp"].status == "never_reached"
+    text = efficiency_markdown(list(table.values()), "dev")
+    assert "| `ppo-vanilla` | 0.250 | no gain over the warm-up |" in text
+    assert "| `ppo-outcome-only` | 0.550 | iteration 5 (30 s) | iteration 10 (62 s) | 0.50 | 0.48 |" in text
+    assert "| `reinforce-pp` | 0.750 | never (in 10 iterations) |" in text
 
 
 def test_curve_iterations_include_the_start_and_the_end():
