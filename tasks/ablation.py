@@ -355,7 +355,7 @@ def write_report(spec: AblationSpec, cfg: Config, results: list[dict], failures:
 
 
 def report_markdown(spec: AblationSpec, cfg: Config, results: list[dict], failures: list[dict], rows, eff: Efficiency,
-                    wall_s: float, command: str, plot: Path, against: list[Efficiency] = ()) -> str:
+                    wall_s: float, command: str, plot: Path, against: list[Efficiency] | None = None) -> str:
     """What ``results.md`` says: how it was made, the table, the efficiency (against vanilla
     PPO, then against every variant), the figure."""
     n_final = int(results[0]["final"].get("greedy/n", 0)) if results else 0
@@ -379,7 +379,7 @@ def report_markdown(spec: AblationSpec, cfg: Config, results: list[dict], failur
         lines += [f"The same figure against every variant: the first curve point (every {every} iterations) at "
                   f"which the full method's mean curve reaches the variant's final mean, against the variant's own "
                   f"first point there (ratios below 1: the full method is faster).", "",
-                  efficiency_markdown(list(against), spec.curve.split), ""]
+                  efficiency_markdown(against, spec.curve.split), ""]
     lines += [f"![learning curves]({plot})", ""]
     if failures:
         lines += ["**Failed runs** (re-run with the same output dir to resume them):", "",
