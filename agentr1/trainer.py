@@ -167,6 +167,17 @@ TOKENIZER_MAX_DOCS = 20_000
 TOKENIZER_MAX_EPISODES = 5_000
 
 
+def demonstrations_needed(cfg: Config) -> int:
+    """How many expert episodes the warm-up must play: all of ``sft.episodes`` when it trains
+    on them; with ``sft.steps=0`` only those the from-scratch tokenizer and the value fit read
+    (none for a pretrained model without a value fit)."""
+    sft = cfg.sft
+    if sft.steps:
+        return sft.episodes
+    tokenizer = TOKENIZER_MAX_EPISODES if cfg.model.kind == "scratch" else 0
+    return min(sft.episodes, max(tokenizer, sft.value_fit_episodes))
+
+
 def tokenizer_texts(ws: Workspace, records, transcripts) -> list[str]:
     """What the from-scratch tokenizer is trained on: the corpus, every question, and the
     expert episodes rendered exactly as the policy will see them (chat scaffolding, tool calls,
@@ -249,12 +260,13 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
 
     seed_everything(cfg.seed)
     t0 = time.time()
-    records, transcripts = expert_transcripts(ws, cfg.sft.episodes, cfg.seed)
-    expert_em = sum(t.metrics["em"] for t in transcripts) / len(transcripts)
+    records, transcripts = expert_transcripts(ws, demonstrations_needed(cfg), cfg.seed)
+    expert_em = sum(t.metrics["em"] for t in transcripts) / len(transcripts) if transcripts else None
     model, tokenizer, chat = build_model(cfg, ws, records, transcripts)
-    episodes = encode_transcripts(chat, ws.env, records, transcripts)
-    log.info("warm-up: %d expert episodes (expert EM %.3f), %.1f action tokens/episode, built in %.1fs",
-             len(episodes), expert_em, np.mean([sum(m) for _, m in episodes]), time.time() - t0)
+    episodes = encode_transcripts(chat, ws.env, records, transcripts) if transcripts else []
+    if episodes:
+        log.info("warm-up: %d expert episodes (expert EM %.3f), %.1f action tokens/episode, built in %.1fs",
+                 len(episodes), expert_em, np.mean([sum(m) for _, m in episodes]), time.time() - t0)
 
     sft = cfg.sft
     corpus_steps = sft.corpus_steps if cfg.model.kind == "scratch" else 0

@@ -375,3 +375,19 @@ def test_lora_trains_only_adapters_and_value_head(qwen_dir, tmp_path):
     torch.testing.assert_close(v2, v1)
     assert v1.abs().sum() > 0
     assert all("lora_" in n or n.startswith("value_head.") for n, p in reloaded.named_parameters() if p.requires_grad)
+
+
+def test_pretrained_warm_up_without_steps_plays_no_expert(qwen_dir, tmp_path):
+    """sft.steps=0 on a pretrained model with no value fit: the warm-up only saves the model
+    with a value head; the scripted expert never runs."""
+    from agentr1.config import load_config
+    from agentr1.trainer import Workspace, warmup
+
+    cfg = load_config("conf/train.yaml", [
+        f"data.dir={tmp_path / 'data'}", f"output_dir={tmp_path / 'run'}", "data.synth.n_train=8",
+        "data.synth.n_dev=2", "data.synth.n_test=2", "model.kind=pretrained", f"model.name_or_path={qwen_dir}",
+        "sft.steps=0", "sft.value_fit_episodes=0"])
+    warmup(cfg, Workspace.build(cfg))
+    stats = json.loads((tmp_path / "run/warmup/warmup_stats.json").read_text())
+    assert stats["episodes"] == 0 and stats["expert_em"] is None
+    assert (tmp_path / "run/warmup/value_head.safetensors").exists()

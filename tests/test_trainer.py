@@ -10,7 +10,7 @@ import torch
 from agentr1.cli import main
 from agentr1.config import ConfigError, load_config
 from agentr1.data.records import load_corpus_dir
-from agentr1.trainer import Workspace, corpus_rows, train, train_ppo, warmup
+from agentr1.trainer import Workspace, corpus_rows, demonstrations_needed, train, train_ppo, warmup
 
 TINY = [
     "data.synth.n_train=48", "data.synth.n_dev=4", "data.synth.n_test=12",
@@ -106,6 +106,18 @@ def test_critic_free_estimators_run_with_the_masks_off(data_dir, tmp_path, estim
     warmup(cfg, ws)
     _, _, _, hist = train_ppo(cfg, ws)
     assert hist and all(torch.isfinite(torch.tensor(v)) for v in hist[0].values())
+
+
+def test_expert_plays_only_the_demonstrations_the_warm_up_reads():
+    def needed(*overrides):
+        return demonstrations_needed(load_config("conf/train.yaml", ["sft.episodes=20000", *overrides]))
+
+    assert needed() == 20000  # trains on all of them
+    assert needed("sft.steps=0", "sft.value_fit_episodes=2000") == 5000  # the tokenizer's sample
+    assert needed("sft.steps=0", "sft.value_fit_episodes=8000") == 8000
+    pretrained = ("model.kind=pretrained", "model.name_or_path=/some/dir", "sft.steps=0")
+    assert needed(*pretrained, "sft.value_fit_episodes=300") == 300
+    assert needed(*pretrained, "sft.value_fit_episodes=0") == 0  # no expert at all
 
 
 def test_config_errors_name_the_key(tmp_path):
