@@ -256,7 +256,7 @@ def value_fit_batches(episodes, transcripts, pad_token_id: int, device, batch_si
 
 def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     """Supervised warm-up on noisy-expert transcripts; saves and returns (model, tokenizer, chat)."""
-    from models.policy import save_actor_critic
+    from models.policy import attention_for_precision, save_actor_critic
 
     seed_everything(cfg.seed)
     t0 = time.time()
@@ -276,6 +276,7 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
                  corpus_steps, len(rows), sft.corpus_block, sft.steps)
     total = corpus_steps + sft.steps
     acc = make_accelerator(cfg, ws.device, cfg.ppo.mixed_precision, 1)
+    attention_for_precision(model, ws.device, cfg.ppo.mixed_precision)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=sft.weight_decay)
     scheduler = cosine_schedule(optimizer, sft.warmup_steps, total, sft.warmdown_ratio)
     model, optimizer, scheduler = acc.prepare(model, optimizer, scheduler)
@@ -380,7 +381,7 @@ class PPOSession:
 
     def __init__(self, cfg: Config, ws: Workspace):
         from models.chat import ChatFormat
-        from models.policy import load_actor_critic
+        from models.policy import attention_for_precision, load_actor_critic
 
         self.cfg, self.ws = cfg, ws
         out = Path(cfg.output_dir)
@@ -393,6 +394,7 @@ class PPOSession:
         p = cfg.ppo
         self.hp = ppo_hyper(cfg)
         self.acc = make_accelerator(cfg, ws.device, p.mixed_precision, p.grad_accum)
+        attention_for_precision(model, ws.device, p.mixed_precision)
         optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=p.lr, weight_decay=0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
         self.iteration, self.history = 0, []

@@ -391,3 +391,19 @@ def test_pretrained_warm_up_without_steps_plays_no_expert(qwen_dir, tmp_path):
     stats = json.loads((tmp_path / "run/warmup/warmup_stats.json").read_text())
     assert stats["episodes"] == 0 and stats["expert_em"] is None
     assert (tmp_path / "run/warmup/value_head.safetensors").exists()
+
+
+def test_bf16_on_cpu_switches_to_eager_attention_with_the_same_outputs(tok):
+    from models.policy import attention_for_precision
+
+    model = build_policy(TINY, tok, seed=0).eval()
+    x = torch.randint(20, len(tok), (2, 9))
+    mask = torch.ones_like(x)
+    mask[1, :3] = 0  # left padding exercises the attention mask too
+    assert attention_for_precision(model, torch.device("cpu"), "no") == "sdpa"  # fp32 keeps the default
+    before = model(x, attention_mask=mask)[0]
+    assert attention_for_precision(model, torch.device("cpu"), "bf16") == "eager"
+    torch.testing.assert_close(model(x, attention_mask=mask)[0][:, 3:], before[:, 3:], atol=1e-5, rtol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, values = model(x, attention_mask=mask)
+    assert torch.isfinite(logits).all() and logits.dtype == torch.float32
