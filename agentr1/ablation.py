@@ -481,13 +481,15 @@ def curves_csv(results: list[dict]) -> str:
 
 @dataclass(frozen=True)
 class Efficiency:
-    """How fast the full method reaches what vanilla PPO ends with (the paper's efficiency claim).
+    """How fast the full method reaches what a reference variant ends with; against vanilla PPO
+    this is the paper's efficiency claim.
 
-    ``target`` is vanilla PPO's final value of ``metric`` (mean curve over seeds). The full
+    ``target`` is the reference's final value of ``metric`` (mean curve over seeds). The full
     method's cost is the first evaluated iteration (and its training seconds) at which its
-    mean curve reaches the target; vanilla's is where its own curve first got there. Ratios
-    below 1 mean the full method is faster. ``reference`` names the variant compared against
-    (vanilla PPO for the paper's figure; :func:`efficiency_table` uses every other one).
+    mean curve reaches the target; the reference's (``reference_*``) is where its own curve
+    first got there. Ratios below 1 mean the full method is faster. ``reference`` names the
+    variant compared against (vanilla PPO for the paper's figure; :func:`efficiency_table`
+    uses every other variant).
     """
 
     metric: str
@@ -495,22 +497,22 @@ class Efficiency:
     reference: str = VANILLA
     target: float | None = None
     start: float | None = None
-    """Vanilla's value at iteration 0 (the shared warm-up)."""
+    """The reference's value at iteration 0 (the shared warm-up)."""
     budget: int | None = None
     full_iterations: int | None = None
     full_seconds: float | None = None
-    vanilla_iterations: int | None = None
-    vanilla_seconds: float | None = None
+    reference_iterations: int | None = None
+    reference_seconds: float | None = None
 
     @property
     def iteration_ratio(self) -> float | None:
-        return self.full_iterations / self.vanilla_iterations if self.status == "reached" else None
+        return self.full_iterations / self.reference_iterations if self.status == "reached" else None
 
     @property
     def time_ratio(self) -> float | None:
-        if self.status != "reached" or not self.vanilla_seconds:
+        if self.status != "reached" or not self.reference_seconds:
             return None
-        return self.full_seconds / self.vanilla_seconds
+        return self.full_seconds / self.reference_seconds
 
     def sentence(self) -> str:
         if self.status == "missing":
@@ -522,10 +524,10 @@ class Efficiency:
                     f"so there is no gain whose speed could be compared.")
         if self.status == "never_reached":
             return (f"The full method never reached {t} within the budget of {self.budget} iterations "
-                    f"({who} got there at iteration {self.vanilla_iterations}).")
+                    f"({who} got there at iteration {self.reference_iterations}).")
         text = (f"The full method reached {t} at iteration {self.full_iterations} "
-                f"({self.full_seconds:.0f} s of training) vs {who}'s {self.vanilla_iterations} "
-                f"({self.vanilla_seconds:.0f} s): iteration ratio {self.iteration_ratio:.2f}")
+                f"({self.full_seconds:.0f} s of training) vs {who}'s {self.reference_iterations} "
+                f"({self.reference_seconds:.0f} s): iteration ratio {self.iteration_ratio:.2f}")
         return text + (f", wall-time ratio {self.time_ratio:.2f}." if self.time_ratio is not None else ".")
 
     def to_dict(self) -> dict:
@@ -538,22 +540,22 @@ def first_reach(curve: list[dict], metric: str, target: float) -> dict | None:
 
 
 def efficiency(curves: dict[str, list[dict]], metric: str = "greedy/em", full: str = FULL,
-               vanilla: str = VANILLA) -> Efficiency:
+               reference: str = VANILLA) -> Efficiency:
     """The learning-efficiency figure from mean curves (see :class:`Efficiency`)."""
-    if not curves.get(full) or not curves.get(vanilla):
-        return Efficiency(metric, "missing", reference=vanilla)
-    van, ful = curves[vanilla], curves[full]
-    target, start, budget = van[-1][metric], van[0][metric], int(van[-1]["iteration"])
-    common = {"metric": metric, "target": target, "start": start, "budget": budget, "reference": vanilla}
+    if not curves.get(full) or not curves.get(reference):
+        return Efficiency(metric, "missing", reference=reference)
+    ref, ful = curves[reference], curves[full]
+    target, start, budget = ref[-1][metric], ref[0][metric], int(ref[-1]["iteration"])
+    common = {"metric": metric, "target": target, "start": start, "budget": budget, "reference": reference}
     if target <= start + REACH_EPS:
         return Efficiency(status="no_gain", **common)
-    v = first_reach(van, metric, target)
+    r = first_reach(ref, metric, target)
     f = first_reach(ful, metric, target)
     if f is None:
-        return Efficiency(status="never_reached", vanilla_iterations=int(v["iteration"]),
-                          vanilla_seconds=v["train_seconds"], **common)
+        return Efficiency(status="never_reached", reference_iterations=int(r["iteration"]),
+                          reference_seconds=r["train_seconds"], **common)
     return Efficiency(status="reached", full_iterations=int(f["iteration"]), full_seconds=f["train_seconds"],
-                      vanilla_iterations=int(v["iteration"]), vanilla_seconds=v["train_seconds"], **common)
+                      reference_iterations=int(r["iteration"]), reference_seconds=r["train_seconds"], **common)
 
 
 def efficiency_table(curves: dict[str, list[dict]], metric: str = "greedy/em", full: str = FULL) -> list[Efficiency]:
@@ -578,6 +580,6 @@ def efficiency_markdown(rows: list[Efficiency], split: str) -> str:
                else f"never (in {e.budget} iterations)")
         ratio = "-" if e.iteration_ratio is None else f"{e.iteration_ratio:.2f}"
         t_ratio = "-" if e.time_ratio is None else f"{e.time_ratio:.2f}"
-        lines.append(f"| `{e.reference}` | {e.target:.3f} | {got} | iteration {e.vanilla_iterations} "
-                     f"({e.vanilla_seconds:.0f} s) | {ratio} | {t_ratio} |")
+        lines.append(f"| `{e.reference}` | {e.target:.3f} | {got} | iteration {e.reference_iterations} "
+                     f"({e.reference_seconds:.0f} s) | {ratio} | {t_ratio} |")
     return "\n".join(lines)

@@ -176,7 +176,7 @@ def test_efficiency_ratio_reached_never_reached_no_gain_missing():
     fast = mean_points([(0, 0, 0.1), (2, 12, 0.35), (4, 24, 0.2), (8, 48, 0.5)])
     eff = efficiency({FULL: fast, VANILLA: vanilla})
     assert eff.status == "reached" and eff.target == pytest.approx(0.3)
-    assert (eff.full_iterations, eff.vanilla_iterations) == (2, 4), "the first time each curve gets there"
+    assert (eff.full_iterations, eff.reference_iterations) == (2, 4), "the first time each curve gets there"
     assert eff.iteration_ratio == pytest.approx(0.5) and eff.time_ratio == pytest.approx(12 / 20)
     assert "iteration ratio 0.50" in eff.sentence() and "wall-time ratio 0.60" in eff.sentence()
 
@@ -202,7 +202,7 @@ def test_efficiency_table_compares_the_full_method_with_every_other_variant():
     assert set(table) == {VANILLA, "ppo-outcome-only", "reinforce-pp"}
     assert table[VANILLA].status == "no_gain" and table[VANILLA] == efficiency(curves)
     outcome = table["ppo-outcome-only"]
-    assert (outcome.status, outcome.full_iterations, outcome.vanilla_iterations) == ("reached", 5, 10)
+    assert (outcome.status, outcome.full_iterations, outcome.reference_iterations) == ("reached", 5, 10)
     assert outcome.iteration_ratio == pytest.approx(0.5) and outcome.time_ratio == pytest.approx(30 / 62)
     assert "`ppo-outcome-only`'s final greedy/em (0.550)" in outcome.sentence()
     assert table["reinforce-pp"].status == "never_reached"
