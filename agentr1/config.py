@@ -130,6 +130,10 @@ class SFTConfig(_Section):
     returns of this many demonstrations, so PPO's critic starts at a baseline instead of 0.
     0 leaves the head at 0."""
     weight_decay: float = 0.0
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    """``muon``: Muon for the transformer blocks' weight matrices (at ``muon_lr``), AdamW at
+    ``lr`` for embeddings, norms and biases (agentr1/rl/optim.py)."""
+    muon_lr: float = Field(0.02, gt=0)
     expert: ExpertConfig = ExpertConfig()
 
 

@@ -37,6 +37,7 @@ from agentr1.env.qa_env import EnvConfig, QAEnv
 from agentr1.env.rewards import RewardWeights
 from agentr1.env.search import SearchIndex
 from agentr1.evaluate import EvalResult, evaluate, render_trajectory
+from agentr1.rl.optim import MuonWithAdamW, muon_groups
 from agentr1.rl.ppo import PPOHyper, ppo_update, score_batch
 from agentr1.rl.sft import demo_returns, fit_value_head, pack_documents, pad_episodes, sft_loss
 from agentr1.rollout.backend import HFBackend
@@ -277,7 +278,9 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     total = corpus_steps + sft.steps
     acc = make_accelerator(cfg, ws.device, cfg.ppo.mixed_precision, 1)
     attention_for_precision(model, ws.device, cfg.ppo.mixed_precision)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=sft.weight_decay)
+    optimizer = (MuonWithAdamW(muon_groups(model, sft.muon_lr, sft.lr, sft.weight_decay))
+                 if sft.optimizer == "muon" else
+                 torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=sft.weight_decay))
     scheduler = cosine_schedule(optimizer, sft.warmup_steps, total, sft.warmdown_ratio)
     model, optimizer, scheduler = acc.prepare(model, optimizer, scheduler)
     model.train()
