@@ -133,7 +133,7 @@ class SFTConfig(_Section):
     optimizer: Literal["adamw", "muon"] = "adamw"
     """``muon``: Muon for the transformer blocks' weight matrices (at ``muon_lr``), AdamW at
     ``lr`` for embeddings, norms and biases (agentr1/rl/optim.py)."""
-    muon_lr: float = Field(0.02, gt=0)
+    muon_lr: float = Field(0.01, gt=0)
     expert: ExpertConfig = ExpertConfig()
 
 
