@@ -61,6 +61,9 @@ class MuonWithAdamW(torch.optim.Optimizer):
         return loss
 
     def _muon(self, p: torch.Tensor, group: dict) -> None:
+        # torch.optim.Muon's step (adjust_lr_fn="original"), tested against it; written out here
+        # because one optimizer carries both kinds of group, and the iteration runs in fp32
+        # (torch's casts to bf16; at these 128-wide matrices fp32 costs little).
         state = self.state[p]
         if not state:
             state["momentum_buffer"] = torch.zeros_like(p)
