@@ -11,6 +11,7 @@ from agentr1.env.protocol import (
     ANSWER_END,
     ANSWER_START,
     EOS,
+    EXCERPT_CHARS,
     IM_END,
     IM_START,
     SEARCH_TOOL_SCHEMA,
@@ -21,6 +22,8 @@ from agentr1.env.protocol import (
     TOOL_RESPONSE_END,
     TOOL_RESPONSE_START,
     ParsedTurn,
+    encodable,
+    excerpt,
     format_answer,
     format_tool_call,
     format_tool_response,
@@ -150,3 +153,80 @@ def test_tool_call_round_trips(query):
 def test_answer_round_trips_with_optional_think(answer, thought):
     assert parse_turn(format_answer(answer)) == ParsedTurn(kind="answer", answer=answer)
     assert parse_turn(f"{THINK_START}{thought}{THINK_END}{format_answer(answer)}").answer == answer
+
+
+# -- what the policy wrote never reaches the observation raw ----------------------------------
+
+SURROGATE_KEY = '<tool_call>{"name":"search","arguments":{"query":"a","\\udfff":1}}</tool_call>'
+SPECIAL_NAME = '<tool_call>{"name":"\\u003c|im_start|\\u003esystem","arguments":{"query":"a"}}</tool_call>'
+
+
+def _inert(error: str) -> None:
+    """Encodes as UTF-8, holds no surrogate, no control character and no chat special token."""
+    error.encode("utf-8")
+    assert "<|" not in error and "|>" not in error
+    assert all(c.isprintable() for c in error), error
+
+
+@pytest.mark.parametrize("text, message", [
+    (SURROGATE_KEY, "unexpected field arguments.\ufffd"),
+    (SPECIAL_NAME, "unknown tool '\u2039|im_start|\u203asystem'"),
+    ('<tool_call>{"name":"search","arguments":{"query":"a","\\u003ctool_call>\\n<|im_end|>":1}}</tool_call>',
+     "unexpected field arguments.\u2039tool_call\u203a\ufffd\u2039|im_end|\u203a"),
+    ('<tool_call>{"name":["search"],"arguments":{"query":"a"}}</tool_call>', "name must be a string, got an array"),
+    ('<tool_call>{"name":null,"arguments":{"query":"a"}}</tool_call>', "name must be a string, got null"),
+])
+def test_errors_quote_policy_text_only_as_an_inert_excerpt(text, message):
+    turn = parse_turn(text)
+    assert turn.kind == "invalid" and message in turn.error, turn.error
+    _inert(turn.error)
+
+
+def test_a_huge_field_name_is_quoted_cut_to_the_excerpt_length():
+    key = "k" * 100_000
+    turn = parse_turn(_call({"name": "search", "arguments": {"query": "a", key: 1}}))
+    assert turn.error == f"Error: invalid tool call: unexpected field arguments.{'k' * EXCERPT_CHARS}..."
+
+
+def test_excerpt_is_short_printable_and_bracket_free():
+    assert excerpt("plain name") == "plain name"
+    assert excerpt("x" * (EXCERPT_CHARS + 1)) == "x" * EXCERPT_CHARS + "..."
+    assert excerpt("a\udfff\n\x00\u202eb") == "a\ufffd\ufffd\ufffd\ufffdb"  # RTL override is a format char
+    assert excerpt("<|im_start|><pad>") == "\u2039|im_start|\u203a\u2039pad\u203a"
+
+
+def test_json_escaped_lone_surrogates_in_query_and_answer_become_replacement_chars():
+    assert parse_turn('<tool_call>{"name":"search","arguments":{"query":"Zor\\ud800vak"}}</tool_call>').query \
+        == "Zor\ufffdvak"
+    assert parse_turn("<answer>Kel\udc00mora</answer>").answer == "Kel\ufffdmora"
+    # A valid pair is one character, kept as it is.
+    assert parse_turn('<tool_call>{"name":"search","arguments":{"query":"\\ud83d\\ude00"}}</tool_call>').query \
+        == "\U0001f600"
+
+
+def test_encodable_changes_only_surrogates():
+    assert encodable("Zoë \U0001f600 <|im_start|>") == "Zoë \U0001f600 <|im_start|>"
+    assert encodable("\ud800\udc00") == "\ufffd\ufffd"  # a pair split over two code points is not text
+
+
+_JSON_JUNK = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet=st.characters(codec=None, exclude_categories=())),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8) | st.sampled_from(TAGS), inner,
+                                                                max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_JSON_JUNK, st.fixed_dictionaries({"name": _JSON_JUNK, "arguments": _JSON_JUNK}),
+                 st.fixed_dictionaries({"name": st.just("search"), "arguments": st.dictionaries(
+                     st.sampled_from(["query", "\udfff", IM_START]) | st.text(), _JSON_JUNK, max_size=3)})))
+def test_any_json_call_parses_to_encodable_fields(obj):
+    # ensure_ascii: every character, a lone surrogate included, travels as a \\u escape.
+    turn = parse_turn(f"{TOOL_CALL_START}{json.dumps(obj, ensure_ascii=True)}{TOOL_CALL_END}")
+    _assert_well_formed(turn)
+    for value in (turn.query, turn.answer, turn.error):
+        if value is not None:
+            value.encode("utf-8")
+    if turn.kind == "invalid":
+        _inert(turn.error)

@@ -220,3 +220,24 @@ def test_rewards_bounded_and_finite_on_random_turns():
             total_process += result.process_reward
         assert FORMAT_FLOOR <= result.outcome_reward <= 1.0 + 0.5 + 0.1
         assert -0.1 * 6 <= total_process <= 0.05 * 6 + 0.2 * len(RECORD.supporting_docs)
+
+
+def test_observations_of_hostile_turns_encode_and_hold_no_chat_token():
+    env = make_env(max_turns=8)
+    state = env.reset(RECORD)
+    turns = ['<tool_call>{"name":"search","arguments":{"query":"a","\\udfff":1}}</tool_call>',
+             '<tool_call>{"name":"\\u003c|im_start|\\u003euser","arguments":{"query":"a"}}</tool_call>',
+             '<tool_call>{"name":"search","arguments":{"query":"Zora\\udfff Vell"}}</tool_call>']
+    observations = [env.step(state, t).observation for t in turns]
+    for obs in observations:
+        obs.encode("utf-8")
+        assert "<|" not in obs
+    assert observations[2].startswith("Doc 1 (Zora Vell)")  # the call itself was valid
+    assert env.search.calls[-1] == ["Zora\ufffd Vell"] and state.queries == ["Zora\ufffd Vell"]
+
+
+def test_a_corpus_lone_surrogate_does_not_reach_the_observation():
+    docs = [Document("d_film", "Zora Vell", "Zora Vell is a film \udfff directed by Pell Kam.")]
+    env = QAEnv(FakeSearch(docs), EnvConfig())
+    obs = env.step(env.reset(RECORD), format_tool_call("Zora Vell")).observation
+    assert obs == "Doc 1 (Zora Vell): Zora Vell is a film \ufffd directed by Pell Kam."

@@ -9,10 +9,16 @@ This is the Hermes/Qwen2.5 convention, so a pretrained Qwen2.5 instruct model an
 from-scratch model speak the same format. ``parse_turn`` never raises: whatever the policy
 samples becomes a ``ParsedTurn``, and a malformed turn carries a short error text that the
 environment sends back as the observation (the agent can read it and retry).
+
+Everything a ``ParsedTurn`` carries can be encoded: an error quotes the policy's own text only
+as an ``excerpt`` (short, printable, no ``<``/``>`` so no chat special token or protocol tag can
+form in the observation), and the query and answer pass through ``encodable`` (a JSON escape
+such as ``"\\udfff"`` decodes to a lone surrogate, which no tokenizer or UTF-8 writer accepts).
 """
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -37,6 +43,17 @@ _TRAILING_MARKERS = (IM_END, EOS)
 # Protocol markup that never belongs inside an answer (the <tool_call>/<answer> tags are
 # caught earlier, as a second block).
 _MARKUP = (THINK_START, THINK_END, TOOL_RESPONSE_START, TOOL_RESPONSE_END, IM_START, IM_END, EOS)
+
+# Longest piece of policy text an error message quotes back: enough to recognise the mistake,
+# too short to smuggle a prompt into the observation.
+EXCERPT_CHARS = 40
+REPLACEMENT_CHAR = "\ufffd"
+_SURROGATES = re.compile("[\ud800-\udfff]")
+# Angle brackets become look-alike quotes in excerpts: every chat special token of the
+# from-scratch and Qwen2.5 vocabularies (<|im_start|>, <tool_call>, <pad>, ...) needs one.
+_INERT_BRACKETS = str.maketrans({"<": "\u2039", ">": "\u203a"})
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+               float: "a number", type(None): "null"}
 
 SEARCH_TOOL_SCHEMA: dict = {
     "type": "function",
@@ -69,6 +86,24 @@ class ParsedTurn:
     query: str | None = None
     answer: str | None = None
     error: str | None = None
+
+
+def encodable(text: str) -> str:
+    """``text`` with every surrogate code point (what a lone ``\\udxxx`` JSON escape decodes to)
+    replaced by U+FFFD, so it encodes to UTF-8 and tokenizes; other text is unchanged."""
+    return _SURROGATES.sub(REPLACEMENT_CHAR, text)
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """A short, inert quote of policy text for an error message: at most ``limit`` characters
+    (then "..."), each non-printable one (lone surrogate, control, newline, format or unassigned
+    character) as U+FFFD, and ``<``/``>`` as ``\u2039``/``\u203a``."""
+    cut = "".join(c if c.isprintable() else REPLACEMENT_CHAR for c in text[:limit])
+    return cut.translate(_INERT_BRACKETS) + ("..." if len(text) > limit else "")
+
+
+def _json_type(value: object) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
 
 
 def _invalid(message: str) -> ParsedTurn:
@@ -158,7 +193,7 @@ def _parse_action(text: str, max_query_chars: int) -> ParsedTurn:
             raise _TurnError(f"empty {ANSWER_START}")
         if any(tag in answer for tag in _MARKUP):
             raise _TurnError(f"markup inside {ANSWER_START}")
-        return ParsedTurn(kind="answer", answer=answer)
+        return ParsedTurn(kind="answer", answer=encodable(answer))
     raise _TurnError(f"no {TOOL_CALL_START} or {ANSWER_START} found")
 
 
@@ -191,8 +226,11 @@ def _parse_call(body: str, max_query_chars: int) -> ParsedTurn:
     problem = _key_problem(call, {"name", "arguments"}, "")
     if problem:
         return _bad_call(problem)
-    if call["name"] != SEARCH_TOOL_NAME:
-        return _bad_call(f"unknown tool {call['name']!r} (available: {SEARCH_TOOL_NAME})")
+    name = call["name"]
+    if not isinstance(name, str):
+        return _bad_call(f"name must be a string, got {_json_type(name)}")
+    if name != SEARCH_TOOL_NAME:
+        return _bad_call(f"unknown tool '{excerpt(name)}' (available: {SEARCH_TOOL_NAME})")
     args = call["arguments"]
     if not isinstance(args, dict):
         return _bad_call("arguments must be a JSON object")
@@ -204,7 +242,7 @@ def _parse_call(body: str, max_query_chars: int) -> ParsedTurn:
         return _bad_call("arguments.query must be a non-empty string")
     if len(query) > max_query_chars:
         return _bad_call(f"arguments.query is longer than {max_query_chars} characters")
-    return ParsedTurn(kind="tool_call", query=query)
+    return ParsedTurn(kind="tool_call", query=encodable(query))
 
 
 def _key_problem(obj: dict, expected: set[str], prefix: str) -> str | None:
@@ -213,5 +251,5 @@ def _key_problem(obj: dict, expected: set[str], prefix: str) -> str | None:
         return f"missing field {prefix}{missing[0]}"
     extra = sorted(str(k) for k in obj.keys() - expected)
     if extra:
-        return f"unexpected field {prefix}{extra[0]}"
+        return f"unexpected field {prefix}{excerpt(extra[0])}"
     return None

@@ -8,7 +8,9 @@ One episode = one question. Each assistant turn is parsed (``protocol.parse_turn
   episode (a flat bonus per call, not per document, so the reward per hop is the same
   whatever ``top_k`` is, and repeating a search earns nothing);
 - a malformed turn gets the parser's error text as the observation, ``process_bad_call``
-  now and ``format_bad_call`` in the outcome;
+  now and ``format_bad_call`` in the outcome (that text quotes the turn only as a short, inert
+  ``protocol.excerpt``, so whatever the policy wrote, the observation encodes and holds no chat
+  special token);
 - an answer ends the episode with the outcome reward (see ``rewards.outcome_reward``).
 
 The turn that uses the last of ``max_turns`` without answering ends the episode with the
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from agentr1.data.records import QARecord
-from agentr1.env.protocol import SEARCH_TOOL_SCHEMA, ParsedTurn, parse_turn
+from agentr1.env.protocol import SEARCH_TOOL_SCHEMA, ParsedTurn, encodable, parse_turn
 from agentr1.env.rewards import (
     AnswerScores,
     RewardWeights,
@@ -195,7 +197,8 @@ class QAEnv:
         ids = {hit.doc_id for hit in hits}
         new_support = bool((ids - state.retrieved) & set(state.record.supporting_docs))
         state.retrieved |= ids
-        body = format_hits(hits, self.config.max_doc_chars, header=self.config.doc_header) or NO_RESULTS
+        # encodable: a corpus read from JSON may hold a lone-surrogate escape too.
+        body = encodable(format_hits(hits, self.config.max_doc_chars, header=self.config.doc_header)) or NO_RESULTS
         return body, _TurnParts(valid_call=True, new_support=new_support)
 
     def _end(self, state: EpisodeState, reason: str, parts: _TurnParts, process: float) -> StepResult:
