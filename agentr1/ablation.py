@@ -37,7 +37,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentr1.config import Config, ConfigError, _format_validation_error, apply_overrides, config_hash
-from agentr1.fsutil import atomic_file
+from agentr1.fsutil import write_json
+from agentr1.rundir import claim
 from agentr1.rollout.backend import Generation, SamplingSpec
 
 Kind = Literal["rl", "base", "naive_rag"]
@@ -175,27 +176,6 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON (an object, or a list as JSON lines) whole or not at all."""
-    text = ("".join(json.dumps(o) + "\n" for o in obj) if isinstance(obj, list)
-            else json.dumps(obj, indent=1, sort_keys=True))
-    atomic_file(path, lambda tmp: tmp.write_text(text))
-
-
-def claim(path: Path, identity: dict) -> None:
-    """Record ``identity`` in ``path``, or check that an earlier attempt recorded the same one:
-    resuming a directory made with another config would mix two experiments."""
-    if path.exists():
-        before = json.loads(path.read_text())
-        if before != identity:
-            changed = sorted(k for k in {*before, *identity} if before.get(k) != identity.get(k))
-            raise ConfigError(f"{path.parent} was started with another configuration ({', '.join(changed)} "
-                              f"differ): use another output_dir, or delete {path.parent} to start it again")
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, identity)
-
-
 def link_warmup(run: Path, warmup_dir: Path) -> None:
     """``run/warmup`` -> the shared warm-up (a relative link, so the tree can move)."""
     link = run / WARMUP_DIR
@@ -301,39 +281,30 @@ def train_seconds(history: list[dict]) -> float:
 
 def train_rl(job: Job, ws, log_metrics: MetricsFn | None = None, stop_after: int | None = None
              ) -> tuple[list[dict], list[dict], object | None]:
-    """PPO iterations of ``job`` from its checkpoint (or the warm-up), measuring the learning
-    curve at :func:`eval_iterations` and checkpointing there (and every
-    ``ppo.checkpoint_every``). Returns ``(curve, history, session)``; the session is None when
-    ``stop_after`` (iterations in total, for tests) ended the run early."""
-    from agentr1.trainer import PPOSession
+    """PPO iterations of ``job`` (:func:`agentr1.trainer.run_ppo`, from its checkpoint or the
+    warm-up), measuring the learning curve at :func:`eval_iterations`, checkpointed there first.
+    Returns ``(curve, history, session)``; the session is None when ``stop_after`` (iterations
+    in total, for tests) ended the run early."""
+    from agentr1.trainer import PPOSession, run_ppo
 
     cfg = job.cfg
     session = PPOSession(cfg, ws)
-    total, every = cfg.ppo.iterations, cfg.ppo.checkpoint_every
-    marks = eval_iterations(total, job.curve.every)
+    marks = eval_iterations(cfg.ppo.iterations, job.curve.every)
     records = curve_records(ws, job.curve)
     path = job.run_dir / CURVE_FILE
     curve = [p for p in read_jsonl(path) if p["iteration"] <= session.iteration]
 
-    def measure() -> None:
-        session.model.eval()
-        session.engine.backend.sync_weights(session.policy.policy)  # a vllm backend holds a copy
-        curve.append(curve_point(session.engine, records, cfg, session.iteration, train_seconds(session.history)))
-        write_json_atomic(path, curve)
+    def measure(s) -> None:
+        if s.iteration not in marks or (curve and curve[-1]["iteration"] == s.iteration):
+            return
+        s.model.eval()
+        s.engine.backend.sync_weights(s.policy.policy)  # a vllm backend holds a copy
+        curve.append(curve_point(s.engine, records, cfg, s.iteration, train_seconds(s.history)))
+        write_json(path, curve)
 
-    if session.iteration in marks and (not curve or curve[-1]["iteration"] != session.iteration):
-        measure()  # iteration 0, or a crash between a checkpoint and its curve point
-    end = total if stop_after is None else min(stop_after, total)
-    while session.iteration < end:
-        metrics = session.update(session.collect())
-        if log_metrics:
-            log_metrics(metrics, session.iteration)
-        at_mark = session.iteration in marks
-        if at_mark or (every and session.iteration % every == 0) or session.iteration == end:
-            session.save()
-        if at_mark:
-            measure()
-    write_json_atomic(job.run_dir / HISTORY_FILE, session.history)
+    measure(session)  # iteration 0, or a crash between a checkpoint and its curve point
+    run_ppo(session, stop_after, log_metrics, save_at=frozenset(marks), after_iteration=measure)
+    write_json(job.run_dir / HISTORY_FILE, session.history)
     return curve, session.history, (session if session.done else None)
 
 
@@ -370,13 +341,13 @@ def run_job(job: Job, ws, warmup_dir: str | Path, log_metrics: MetricsFn | None 
 
             engine = make_engine(cfg, ws.env, *policy, ws.device)
         curve = [curve_point(engine, records, cfg, 0, 0.0)]
-        write_json_atomic(job.run_dir / CURVE_FILE, curve)
+        write_json(job.run_dir / CURVE_FILE, curve)
     metrics = run_eval(cfg, ws, *policy, FINAL_TAG, engine=engine).metrics
     result = {"variant": job.variant, "seed": job.seed, "kind": job.kind, "split": cfg.eval.split,
               "status": "resumed" if resumed else "trained",
               "iterations": len(history), "train_seconds": train_seconds(history), "curve": curve,
               "final": {k: v for k, v in metrics.items() if k.count("/") == 1}, "config_hash": config_hash(cfg)}
-    write_json_atomic(job.run_dir / RESULT_FILE, result)
+    write_json(job.run_dir / RESULT_FILE, result)
     return result
 
 

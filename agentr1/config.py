@@ -17,15 +17,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # NaN and inf are refused everywhere: a non-finite weight or rate can only train a NaN policy.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class SynthConfig(_Section):
     seed: int = 0
-    n_train: int = Field(4000, ge=1)
+    n_train: int = Field(20_000, ge=1)
     n_dev: int = Field(200, ge=1)
     n_test: int = Field(300, ge=1)
-    names: Literal["rich", "small"] = "rich"
+    names: Literal["rich", "small"] = "small"
     """Name inventory (agentr1.data.synth.NAME_INVENTORIES): "small" names are few, frequent
     syllable tokens that a tiny model learns to copy within a CPU budget."""
 
@@ -46,7 +47,7 @@ class ModelConfig(_Section):
     num_layers: int = Field(4, ge=1)
     num_heads: int = Field(4, ge=1)
     num_kv_heads: int = Field(4, ge=1)
-    intermediate_size: int = Field(512, ge=8)
+    intermediate_size: int = Field(256, ge=8)
     max_position_embeddings: int = Field(1024, ge=64)
     init_std: float = Field(0.05, gt=0)
     """Scratch only: std of the weight init (0.05 lets a hidden-128 model learn to copy fast;
@@ -70,12 +71,13 @@ class EnvConfig(_Section):
     """Assistant turns per episode, the answer turn included."""
     max_query_chars: int = Field(200, ge=1)
     max_doc_chars: int | None = 400
-    doc_header: bool = True
+    doc_header: bool = False
     """Start each search result with "Doc <rank> (<title>): "; a top-1 search on documents that
     open with their title gains nothing from it but ~9 tokens per call."""
-    system_prompt: str | None = None
-    """Instructions in the system message; None keeps the environment's default."""
-    tools_in_prompt: bool = True
+    system_prompt: str | None = ""
+    """Instructions in the system message; None keeps the environment's default, "" leaves the
+    system turn out (the tiny from-scratch model reads a bare question)."""
+    tools_in_prompt: bool = False
     """Render the tool schemas into the system message (``apply_chat_template(tools=...)``)."""
     max_turn_tokens: int = Field(48, ge=4)
     """Tokens the policy may sample in one turn before it is cut."""
@@ -110,15 +112,15 @@ class ExpertConfig(_Section):
 
 
 class SFTConfig(_Section):
-    episodes: int = Field(4000, ge=1)
-    steps: int = Field(600, ge=0)
+    episodes: int = Field(20_000, ge=1)
+    steps: int = Field(1000, ge=0)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(2e-3, gt=0)
     warmup_steps: int = Field(30, ge=0)
     warmdown_ratio: float = Field(0.3, gt=0, le=1)
     """Share of the steps, at the end, over which the rate decays (cosine to 0.1x); before
     that it is held at ``lr``."""
-    corpus_steps: int = Field(0, ge=0)
+    corpus_steps: int = Field(200, ge=0)
     """Next-token steps on the search corpus before the demonstrations (a from-scratch model's
     pretraining): documents repeat their subject's name, so they teach copying names, the
     skill every action needs, with a loss on every token instead of ~1 in 7. Only documents
@@ -130,7 +132,7 @@ class SFTConfig(_Section):
     returns of this many demonstrations, so PPO's critic starts at a baseline instead of 0.
     0 leaves the head at 0."""
     weight_decay: float = 0.0
-    optimizer: Literal["adamw", "muon"] = "adamw"
+    optimizer: Literal["adamw", "muon"] = "muon"
     """``muon``: Muon for the transformer blocks' weight matrices (at ``muon_lr``), AdamW at
     ``lr`` for embeddings, norms and biases (agentr1/rl/optim.py)."""
     muon_lr: float = Field(0.01, gt=0)
@@ -138,12 +140,12 @@ class SFTConfig(_Section):
 
 
 class PPOConfig(_Section):
-    iterations: int = Field(40, ge=0)
+    iterations: int = Field(60, ge=0)
     episodes_per_iter: int = Field(64, ge=1)
     group_size: int = Field(1, ge=1)
     """Samples per question; GRPO/RLOO need more than one."""
     epochs: int = Field(2, ge=1)
-    minibatch_size: int = Field(32, ge=1)
+    minibatch_size: int = Field(16, ge=1)
     grad_accum: int = Field(1, ge=1)
     lr: float = Field(1e-4, gt=0)
     estimator: Literal["gae", "grpo", "rloo", "reinforce_pp"] = "gae"
@@ -166,6 +168,9 @@ class PPOConfig(_Section):
     whiten_advantages: bool = True
     mixed_precision: Literal["no", "bf16"] = "no"
     checkpoint_every: int = Field(10, ge=0)
+    check_rollouts: bool = True
+    """Check every rollout batch against agentr1/rollout/checks.py's rules before learning from
+    it (masks, lengths, finite rewards within the weights' bound); a broken batch stops the run."""
 
     @model_validator(mode="after")
     def _check(self) -> "PPOConfig":
@@ -186,9 +191,15 @@ class EvalConfig(_Section):
 
 
 class Config(_Section):
+    """Every default here is the default run's (``conf/train.yaml`` spells them out; a test
+    keeps the two equal), so ``Config()`` and the engine objects built from it are that run."""
+
     seed: int = 0
     output_dir: str = "runs/default"
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_nonfinite_steps: int = Field(8, ge=1)
+    """Optimizer steps in a row (warm-up or PPO) whose loss or gradient norm is NaN/inf before
+    the run stops with an error; fewer are skipped and counted (``*/skipped_steps``)."""
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     env: EnvConfig = EnvConfig()

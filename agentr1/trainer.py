@@ -33,18 +33,27 @@ from agentr1.config import Config
 from agentr1.data.records import QARecord, load_corpus_dir, load_split, write_dataset
 from agentr1.env.agents import ExpertNoise, NoisyExpertAgent, run_episodes
 from agentr1.env.protocol import tool_call_scaffold
-from agentr1.env.qa_env import EnvConfig, QAEnv
+from agentr1.env.qa_env import EnvSettings, QAEnv
 from agentr1.env.rewards import RewardWeights
 from agentr1.env.search import SearchIndex
 from agentr1.evaluate import EvalResult, evaluate, render_trajectory
+from agentr1.fsutil import atomic_file, recover_dir, write_json
+from agentr1.rl.guard import StepGuard, TrainingDiverged, assert_finite
 from agentr1.rl.optim import MuonWithAdamW, muon_groups
 from agentr1.rl.ppo import PPOHyper, ppo_update, score_batch
 from agentr1.rl.sft import demo_returns, fit_value_head, pack_documents, pad_episodes, sft_loss
 from agentr1.rollout.backend import HFBackend
 from agentr1.rollout.batch import collate, length_bucketed_batches
+from agentr1.rollout.checks import RolloutBatchError, check_batch, reward_bound
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings, Trajectory
+from agentr1.rundir import check_same_config, claim_run_dir, ppo_identity, warmup_identity
 
 log = logging.getLogger("agentr1.train")
+
+WARMUP_DIR = "warmup"
+WARMUP_STATS = "warmup_stats.json"
+FINAL_DIR = "final"
+LAST_DIR = Path("checkpoints") / "last"
 
 MetricsFn = Callable[[dict[str, float], int], None]
 SPLITS = ("train", "dev", "test")
@@ -103,11 +112,7 @@ class Workspace:
 
 
 def make_env(cfg: Config, search: SearchIndex) -> QAEnv:
-    e = cfg.env
-    return QAEnv(search, EnvConfig(top_k=e.top_k, max_turns=e.max_turns, max_query_chars=e.max_query_chars,
-                                   max_doc_chars=e.max_doc_chars, doc_header=e.doc_header,
-                                   system_prompt=e.system_prompt),
-                 RewardWeights(**cfg.reward.model_dump()))
+    return QAEnv(search, EnvSettings.from_config(cfg.env), RewardWeights.from_config(cfg.reward))
 
 
 def make_engine(cfg: Config, env: QAEnv, model, tokenizer, chat, device) -> RolloutEngine:
@@ -287,6 +292,7 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     gen = torch.Generator().manual_seed(cfg.seed)
     batches = iter(())
     metrics = {"sft/loss": float("nan"), "sft/token_acc": float("nan")}  # sft.steps=0: no warm-up
+    guard = StepGuard(cfg.max_nonfinite_steps)
     bar = tqdm(range(total), desc="warm-up", mininterval=5, disable=None)
     for step in bar:
         on_corpus = step < corpus_steps
@@ -305,10 +311,14 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
         prefix = "sft/corpus_" if on_corpus else "sft/"
         if on_corpus:
             metrics = {prefix + k.removeprefix("sft/"): v for k, v in metrics.items()}
-        acc.backward(loss)
-        acc.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
+        guard.where = f"warm-up step {step + 1}/{total}"
+        loss_v, grad_norm = float(loss.detach()), None
+        if math.isfinite(loss_v):
+            acc.backward(loss)
+            grad_norm = float(acc.clip_grad_norm_(model.parameters(), 1.0))
+        if guard.ok(loss_v, grad_norm):
+            optimizer.step()
+        scheduler.step()  # the schedule follows the step count, taken or skipped
         optimizer.zero_grad(set_to_none=True)
         if step % 20 == 0 or step == total - 1:
             loss_v, acc_v = metrics[prefix + "loss"], metrics[prefix + "token_acc"]
@@ -317,7 +327,8 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
                 log.info("warm-up step %d/%d  %s %.3f  token acc %.3f  %.0fs", step, total,
                          "corpus loss" if on_corpus else "loss", loss_v, acc_v, time.time() - t0)
             if log_metrics:
-                log_metrics({**metrics, "sft/lr": scheduler.get_last_lr()[0]}, step)
+                log_metrics({**metrics, "sft/lr": scheduler.get_last_lr()[0],
+                             "sft/skipped_steps": float(guard.skipped)}, step)
     model = acc.unwrap_model(model)
     model.eval()
     value_r2 = None
@@ -326,12 +337,13 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
         value_r2 = fit_value_head(model, value_fit_batches(episodes[:n], transcripts[:n], chat.pad_token_id,
                                                            ws.device))
         log.info("warm-up: value head fitted to %d demonstrations' returns, R^2 %.3f", n, value_r2)
-    out = Path(cfg.output_dir) / "warmup"
+    out = Path(cfg.output_dir) / WARMUP_DIR
     save_actor_critic(model, tokenizer, out)
-    (out / "warmup_stats.json").write_text(json.dumps(
-        {"expert_em": expert_em, "episodes": len(episodes), "steps": sft.steps, "corpus_steps": corpus_steps,
-         "value_fit_r2": value_r2,
-         "seconds": time.time() - t0, "final_loss": metrics.get("sft/loss", float("nan"))}, indent=1))
+    # Written last: a warm-up directory is complete (and reusable) once its stats are there.
+    stats = {"expert_em": expert_em, "episodes": len(episodes), "steps": sft.steps, "corpus_steps": corpus_steps,
+             "value_fit_r2": value_r2, "skipped_steps": guard.skipped, "seconds": time.time() - t0,
+             "final_loss": metrics.get("sft/loss", float("nan")), "config": warmup_identity(cfg)}
+    atomic_file(out / WARMUP_STATS, lambda tmp: tmp.write_text(json.dumps(stats, indent=1)))
     log.info("warm-up done in %.1fs: loss %.3f, token acc %.3f", time.time() - t0,
              metrics.get("sft/loss", float("nan")), metrics.get("sft/token_acc", float("nan")))
     return model, tokenizer, chat
@@ -376,10 +388,11 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
 class PPOSession:
     """The state of a PPO run between iterations, opened from disk and saved back.
 
-    Opens from ``output_dir/checkpoints/last`` when it exists (resume), else from the warm-up
-    checkpoint. One iteration is ``collect()`` -> (save / validate the rollouts elsewhere) ->
-    ``update(trajs)`` -> ``save()``; everything random in an iteration is seeded by
-    (seed, iteration), so stopping and reopening between iterations changes nothing.
+    Opens from ``output_dir/checkpoints/last`` when it exists (resume; it must have been made
+    with the same configuration), else from the warm-up checkpoint. One iteration is
+    :meth:`iterate` (collect -> check the batch -> update) then, when due, :meth:`save`;
+    everything random in an iteration is seeded by (seed, iteration), so stopping and reopening
+    between iterations changes nothing. :func:`run_ppo` is the loop every entry point uses.
     """
 
     def __init__(self, cfg: Config, ws: Workspace):
@@ -388,20 +401,27 @@ class PPOSession:
 
         self.cfg, self.ws = cfg, ws
         out = Path(cfg.output_dir)
-        self.last = out / "checkpoints" / "last"
-        start_dir = self.last / ckpt.POLICY_DIR if self.last.exists() else out / "warmup"
+        self.last = recover_dir(out / LAST_DIR)  # a kill -9 mid-swap leaves the old checkpoint aside
+        resume = (self.last / ckpt.STATE_FILE).exists()
+        if resume:
+            check_same_config(ckpt.load_state(self.last).get("config"), ppo_identity(cfg), self.last,
+                              f"use another output_dir, or delete {self.last} to start PPO again")
+        start_dir = self.last / ckpt.POLICY_DIR if resume else out / WARMUP_DIR
         model, self.tokenizer = load_actor_critic(start_dir, device=ws.device)
-        self.ref_model, _ = load_actor_critic(out / "warmup", device=ws.device)
+        self.ref_model, _ = load_actor_critic(out / WARMUP_DIR, device=ws.device)
         self.ref_model.eval().requires_grad_(False)
         self.chat = ChatFormat(self.tokenizer, ws.tools)
         p = cfg.ppo
         self.hp = ppo_hyper(cfg)
+        self.guard = StepGuard(cfg.max_nonfinite_steps)
+        self.reward_bounds = (-reward_bound(cfg.reward.model_dump(), cfg.env.max_turns),
+                              reward_bound(cfg.reward.model_dump(), cfg.env.max_turns))
         self.acc = make_accelerator(cfg, ws.device, p.mixed_precision, p.grad_accum)
         attention_for_precision(model, ws.device, p.mixed_precision)
         optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=p.lr, weight_decay=0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
         self.iteration, self.history = 0, []
-        if self.last.exists():
+        if resume:
             state = ckpt.load_trainer_state(self.last)
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
@@ -435,18 +455,48 @@ class PPOSession:
         self._t_rollout = time.time() - t0
         return trajs
 
+    def check(self, trajs: list[Trajectory]) -> None:
+        """Refuse to learn from a batch that breaks a rollout rule (agentr1.rollout.checks);
+        non-finite sampling log-probs mean the policy itself has diverged."""
+        where = f"PPO iteration {self.iteration + 1}"
+        bad = sum(1 for t in trajs for lp, m in zip(t.rollout_logprobs, t.action_mask) if m and not math.isfinite(lp))
+        if bad:
+            raise TrainingDiverged(f"{where}: the policy sampled {bad} tokens with non-finite log-probs: "
+                                   "its weights have diverged (nothing was learnt from the batch)")
+        if self.cfg.ppo.check_rollouts:
+            try:
+                check_batch(trajs, self.cfg.env.max_context_tokens, self.reward_bounds)
+            except RolloutBatchError as e:
+                raise RolloutBatchError(f"{where}: {e}") from None
+
+    def iterate(self, before_update: BatchHook | None = None) -> dict[str, float]:
+        """One iteration: collect -> check -> ``before_update(trajs, iteration)`` (the Prefect
+        task stores and validates the batch there) -> update. Returns its metrics."""
+        trajs = self.collect()
+        self.check(trajs)
+        if before_update is not None:
+            before_update(trajs, self.iteration + 1)
+        return self.update(trajs)
+
     def update(self, trajs: list[Trajectory]) -> dict[str, float]:
         """Score, compute advantages and update on ``trajs``; returns this iteration's metrics."""
         p, it = self.cfg.ppo, self.iteration
+        where = f"PPO iteration {it + 1}"
         batch = collate(trajs, self.chat.pad_token_id).to(self.ws.device)
         t1 = time.time()
         with self.acc.autocast():
             scored, score_m = score_batch(self.model, self.ref_model, batch, self.hp)
+        if not (math.isfinite(score_m["actor/ref_kl"]) and math.isfinite(score_m["critic/advantages_abs"])):
+            raise TrainingDiverged(f"{where}: the batch scores to non-finite log-probs or advantages "
+                                   f"(KL to the reference {score_m['actor/ref_kl']}, "
+                                   f"|advantage| {score_m['critic/advantages_abs']})")
         self.model.train()
+        self.guard.where = where
         upd_m = ppo_update(self.model, self.optimizer, self.acc, batch, scored, self.hp,
-                           torch.Generator().manual_seed(self.cfg.seed * 31 + it))
+                           torch.Generator().manual_seed(self.cfg.seed * 31 + it), self.guard)
         self.scheduler.step()
         self.model.eval()
+        assert_finite(self.policy, where)
         t_upd = time.time() - t1
         t_roll = getattr(self, "_t_rollout", 0.0)
         metrics = {**rollout_metrics(trajs), **score_m, **upd_m,
@@ -463,11 +513,45 @@ class PPOSession:
         return metrics
 
     def save(self) -> Path:
-        """Atomically write the checkpoint (policy, optimizer, scheduler, RNG, history)."""
+        """Atomically write the checkpoint (policy, optimizer, scheduler, RNG, history, and the
+        configuration it was made with); a non-finite policy is refused before anything is written."""
         from models.policy import save_actor_critic
 
+        assert_finite(self.policy, f"checkpoint of PPO iteration {self.iteration}")
         return ckpt.save_checkpoint(self.last, lambda d: save_actor_critic(self.policy, self.tokenizer, d),
-                                    self.optimizer, self.scheduler, self.iteration, {"history": self.history})
+                                    self.optimizer, self.scheduler, self.iteration,
+                                    {"history": self.history, "config": ppo_identity(self.cfg)})
+
+
+BatchHook = Callable[[list[Trajectory], int], None]
+"""``(trajectories, iteration)`` before an update: store or validate the batch (raise to stop)."""
+SessionHook = Callable[[PPOSession], None]
+
+
+def run_ppo(session: PPOSession, end: int | None = None, log_metrics: MetricsFn | None = None,
+            before_update: BatchHook | None = None, save_at: frozenset[int] = frozenset(),
+            after_iteration: SessionHook | None = None) -> PPOSession:
+    """The PPO loop of every entry point (the CLI and DVC stages, the Prefect flows, the
+    ablation runs): iterations until ``end`` (default ``ppo.iterations``) in total, a checkpoint
+    every ``ppo.checkpoint_every``, at the iterations in ``save_at`` and at the end, then
+    ``after_iteration(session)`` (the ablation measures its learning curve there).
+
+    A diverged run raises :class:`~agentr1.rl.guard.TrainingDiverged` and a bad rollout batch
+    :class:`~agentr1.rollout.checks.RolloutBatchError`, both before anything of that iteration
+    is saved: the last checkpoint on disk is the last good one.
+    """
+    end = session.cfg.ppo.iterations if end is None else min(end, session.cfg.ppo.iterations)
+    every = session.cfg.ppo.checkpoint_every
+    while session.iteration < end:
+        metrics = session.iterate(before_update)
+        if log_metrics:
+            log_metrics(metrics, session.iteration)
+        it = session.iteration
+        if (every and it % every == 0) or it == end or it in save_at:
+            session.save()
+        if after_iteration is not None:
+            after_iteration(session)
+    return session
 
 
 def train_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None,
@@ -477,15 +561,7 @@ def train_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None,
     ``stop_after`` ends the run after that many iterations *in total* (used to test resuming).
     Returns (model, tokenizer, chat, history).
     """
-    session = PPOSession(cfg, ws)
-    end = cfg.ppo.iterations if stop_after is None else min(stop_after, cfg.ppo.iterations)
-    every = cfg.ppo.checkpoint_every
-    while session.iteration < end:
-        metrics = session.update(session.collect())
-        if log_metrics:
-            log_metrics(metrics, session.iteration)
-        if every and (session.iteration % every == 0 or session.iteration == end):
-            session.save()
+    session = run_ppo(PPOSession(cfg, ws), stop_after, log_metrics)
     return session.policy, session.tokenizer, session.chat, session.history
 
 
@@ -522,11 +598,24 @@ def _load_policy(cfg: Config, ws: Workspace, name: str):
     return model, tokenizer, ChatFormat(tokenizer, ws.tools)
 
 
+def finished_warmup(cfg: Config) -> Path | None:
+    """``output_dir/warmup`` when a finished warm-up of this configuration is there (reuse it),
+    None when there is none or only an unfinished one (train it again); a finished warm-up made
+    with another configuration is an error naming the keys that differ."""
+    out = Path(cfg.output_dir) / WARMUP_DIR
+    stats = out / WARMUP_STATS
+    if not stats.exists():
+        return None
+    check_same_config(json.loads(stats.read_text()).get("config"), warmup_identity(cfg), out,
+                      f"use another output_dir, or delete {out} to warm up again")
+    return out
+
+
 def stage_warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None) -> EvalResult:
-    """Warm up (unless ``warmup/`` exists) and evaluate the warmed-up policy."""
-    if (Path(cfg.output_dir) / "warmup" / "config.json").exists():
-        log.info("reusing the warm-up checkpoint in %s", Path(cfg.output_dir) / "warmup")
-        model, tokenizer, chat = _load_policy(cfg, ws, "warmup")
+    """Warm up (unless a finished warm-up of this configuration is there) and evaluate it."""
+    if finished_warmup(cfg):
+        log.info("reusing the warm-up checkpoint in %s", Path(cfg.output_dir) / WARMUP_DIR)
+        model, tokenizer, chat = _load_policy(cfg, ws, WARMUP_DIR)
     else:
         model, tokenizer, chat = warmup(cfg, ws, log_metrics)
     return run_eval(cfg, ws, model, tokenizer, chat, "warmup")
@@ -540,23 +629,21 @@ def stage_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None) 
 
     out = Path(cfg.output_dir)
     model, tokenizer, _, history = train_ppo(cfg, ws, log_metrics)
-    save_actor_critic(model, tokenizer, out / "final")
+    save_actor_critic(model, tokenizer, out / FINAL_DIR)
     if history:
         plot_learning_curve(history, out / "learning_curve.png", title=f"masked PPO ({cfg.ppo.estimator})")
-    with open(out / "metrics.jsonl", "w") as f:
-        for h in history:
-            f.write(json.dumps(h) + "\n")
+    write_json(out / "metrics.jsonl", history)
     return history
 
 
 def stage_evaluate(cfg: Config, ws: Workspace) -> dict:
     """Evaluate final/ and write summary.json: test metrics before (warm-up) and after PPO."""
     out = Path(cfg.output_dir)
-    after = run_eval(cfg, ws, *_load_policy(cfg, ws, "final"), "final")
+    after = run_eval(cfg, ws, *_load_policy(cfg, ws, FINAL_DIR), "final")
     before = json.loads((out / "eval_warmup.json").read_text())
     summary = {"warmup": before, "final": after.metrics, "output_dir": str(out),
                "gain": {k: after.metrics[k] - before[k] for k in ("greedy/em", "sampled/em", "greedy/f1", "sampled/f1")}}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    write_json(out / "summary.json", summary)
     return summary
 
 
@@ -569,7 +656,8 @@ def train(cfg: Config, log_metrics: MetricsFn | None = None, stages: tuple[str, 
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise ValueError(f"unknown stage(s) {sorted(unknown)}; choose from {STAGES}")
-    ws = Workspace.build(cfg)
+    ws = Workspace.build(cfg)  # the data is checked before anything is written
+    claim_run_dir(cfg.output_dir)
     seconds: dict[str, float] = {}
     summary: dict = {}
     for stage in STAGES:
@@ -585,5 +673,5 @@ def train(cfg: Config, log_metrics: MetricsFn | None = None, stages: tuple[str, 
         seconds[stage] = time.time() - t0
     summary["seconds"] = {**seconds, "total": sum(seconds.values())}
     if "evaluate" in stages:
-        Path(cfg.output_dir, "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+        write_json(Path(cfg.output_dir, "summary.json"), summary)
     return summary

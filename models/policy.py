@@ -28,6 +28,7 @@ from transformers import (
 )
 
 from agentr1.fsutil import atomic_dir
+from agentr1.rl.guard import assert_finite
 from models.tokenizer import single_token_ids
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -166,8 +167,10 @@ def save_actor_critic(model: ActorCritic, tokenizer: PreTrainedTokenizerBase, ou
     """Write a plain Hugging Face directory (model or LoRA adapter, tokenizer with its chat
     template, generation config) plus ``value_head.safetensors``.
 
-    Written to a temporary sibling and renamed, so ``out_dir`` is never half-written.
+    Written to a temporary sibling and renamed, so ``out_dir`` is never half-written; a model
+    holding NaN/inf is refused (:class:`~agentr1.rl.guard.TrainingDiverged`), never written.
     """
+    assert_finite(model, f"saving {out_dir}")
 
     def write(tmp: Path) -> None:
         model.policy.save_pretrained(tmp)

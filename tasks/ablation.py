@@ -51,7 +51,7 @@ from agentr1.ablation import (
     results_markdown,
     run_job,
     summarize,
-    write_json_atomic,
+    write_json,
 )
 from agentr1.config import (
     Config,
@@ -64,6 +64,8 @@ from agentr1.config import (
 )
 from tasks import tracking
 from tasks.params import REPO_ROOT, DataSource, preset_path
+from agentr1.rundir import claim_run_dir
+from agentr1.trainer import finished_warmup
 from tasks.training import metrics_logger, warm_up, workspace
 
 log = logging.getLogger("agentr1.tasks.ablation")
@@ -259,6 +261,7 @@ def shared_warmup(cfg: Config, spec: AblationSpec, run_id: str | None = None) ->
     if spec.curve.split not in splits:  # found now, not in every run
         raise ConfigError(f"{cfg.data.dir}: curve.split {spec.curve.split!r} is not a split; available: {sorted(splits)}")
     given = str(Path(spec.warmup).resolve()) if spec.warmup else None
+    claim_run_dir(root)
     claim(root / ROOT_FILE, {"base_config_hash": config_hash(cfg), "warmup": given})
     target = root / WARMUP_DIR
     if given:
@@ -267,7 +270,7 @@ def shared_warmup(cfg: Config, spec: AblationSpec, run_id: str | None = None) ->
         if not target.is_symlink() and not target.exists():
             target.symlink_to(given, target_is_directory=True)
         return str(target)
-    if not (target / "config.json").exists():
+    if finished_warmup(cfg) is None:
         if spec.runner.warmup_threads:
             import torch
 
@@ -350,7 +353,7 @@ def write_report(spec: AblationSpec, cfg: Config, results: list[dict], failures:
     paths["results.md"].write_text(text)
     paths["results.csv"].write_text(results_csv(rows))
     paths["curves.csv"].write_text(curves_csv(results))
-    write_json_atomic(paths["efficiency.json"], {**eff.to_dict(), "against": [e.to_dict() for e in against]})
+    write_json(paths["efficiency.json"], {**eff.to_dict(), "against": [e.to_dict() for e in against]})
     return text, eff, paths
 
 

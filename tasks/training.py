@@ -1,10 +1,12 @@
 """Training tasks: warm-up, one PPO iteration, the final checkpoint, evaluation.
 
 Thin wrappers over :mod:`agentr1.trainer`. Tasks pass paths and run ids, never models: each
-PPO iteration opens a :class:`~agentr1.trainer.PPOSession` from the last checkpoint, collects
-rollouts, stores them as a versioned Parquet dataset under the run, validates that file,
-updates the policy on it and saves the checkpoint. A batch that fails validation stops the
-iteration before the update, so the checkpoint on disk stays the previous one.
+PPO iteration opens a :class:`~agentr1.trainer.PPOSession` from the last checkpoint and runs
+the engine's one iteration (:meth:`~agentr1.trainer.PPOSession.iterate`: collect, check,
+update), storing the batch as a versioned Parquet dataset under the run and validating that
+file with Great Expectations before the update; then it saves the checkpoint. A batch that
+fails validation stops the iteration before the update, so the checkpoint on disk stays the
+previous one.
 
 Run layout (``cfg.output_dir``): the trainer's (``warmup/``, ``checkpoints/last/``, ``final/``,
 ``eval_*.json``, ``trajectories_*.txt``) plus ``rollouts/iter-NNNN.parquet``.
@@ -24,7 +26,9 @@ from prefect.cache_policies import NO_CACHE
 
 from agentr1 import checkpoint as ckpt
 from agentr1.config import Config, config_hash
-from agentr1.trainer import PPOSession, Workspace, run_eval, warmup
+from agentr1.rundir import claim_run_dir
+from agentr1.trainer import (FINAL_DIR, LAST_DIR, WARMUP_DIR, PPOSession, Workspace, finished_warmup, run_eval,
+                             warmup)
 from tasks import tracking
 from tasks.data import publish_failure
 from tasks.validation import validate_rollouts
@@ -33,9 +37,6 @@ log = logging.getLogger("agentr1.tasks.training")
 
 ROLLOUT_REPORT_KEY = "rollout-validation-report"
 ROLLOUTS_DIR = "rollouts"
-WARMUP_DIR = "warmup"
-FINAL_DIR = "final"
-LAST_DIR = Path("checkpoints") / "last"
 
 # Workspaces (data + search index + environment) are read-only and take seconds to build;
 # the tasks of one flow run share them within the process instead of rebuilding per task.
@@ -90,10 +91,12 @@ def warm_up(cfg: Config, run_id: str | None = None) -> str:
     """Supervised warm-up on noisy-expert transcripts; returns ``output_dir/warmup`` (reused
     when a previous attempt of this run finished it)."""
     out = Path(cfg.output_dir) / WARMUP_DIR
-    if (out / "config.json").exists():
+    ws = workspace(cfg)  # the data is checked before the run directory is touched
+    claim_run_dir(cfg.output_dir)
+    if finished_warmup(cfg):
         log.info("reusing the warm-up checkpoint %s", out)
     else:
-        warmup(cfg, workspace(cfg), metrics_logger(run_id))
+        warmup(cfg, ws, metrics_logger(run_id))
     return str(out)
 
 
@@ -107,32 +110,29 @@ def check_rollouts(path: str, max_length: int, bound: float, iteration: int) -> 
     return {"rows": report.n_rows, "checks": report.n_checks}
 
 
-def reward_bound(cfg: Config) -> float:
-    """No reward of an episode can exceed, in size, every weight at once on every turn: the
-    bound rollouts are checked against, so that it follows the configured weights."""
-    weights = [abs(v) for v in cfg.reward.model_dump().values() if isinstance(v, float)]
-    return max(1.0, sum(weights)) * cfg.env.max_turns
-
-
 def rollouts_path(cfg: Config, iteration: int) -> Path:
     return Path(cfg.output_dir) / ROLLOUTS_DIR / f"iter-{iteration:04d}.parquet"
 
 
 @task(name="ppo-iteration", task_run_name="ppo-iteration-{iteration}", cache_policy=NO_CACHE)
 def ppo_iteration(cfg: Config, iteration: int, run_id: str | None = None) -> IterationResult:
-    """Iteration ``iteration`` (1-based): open session -> collect -> store rollouts ->
-    validate them -> update -> save the checkpoint -> log."""
+    """Iteration ``iteration`` (1-based): open the session -> the engine's iteration, storing
+    and validating the batch before its update -> save the checkpoint -> log."""
     from agentr1.rollout.store import write_rollouts
 
     session = PPOSession(cfg, workspace(cfg))
     if session.iteration != iteration - 1:
         raise RuntimeError(f"{cfg.output_dir}: checkpoint is at iteration {session.iteration}, "
                            f"cannot run iteration {iteration}")
-    trajs = session.collect()
-    meta = {"run_id": run_id, "config_hash": config_hash(cfg), "iteration": iteration}
-    stored = write_rollouts(trajs, rollouts_path(cfg, iteration), iteration, meta)
-    check_rollouts(str(stored.path), cfg.env.max_context_tokens, reward_bound(cfg), iteration)
-    metrics = session.update(trajs)
+    stored = None
+
+    def store_and_validate(trajs, it: int) -> None:
+        nonlocal stored
+        meta = {"run_id": run_id, "config_hash": config_hash(cfg), "iteration": it}
+        stored = write_rollouts(trajs, rollouts_path(cfg, it), it, meta)
+        check_rollouts(str(stored.path), cfg.env.max_context_tokens, session.reward_bounds[1], it)
+
+    metrics = session.iterate(before_update=store_and_validate)
     saved = session.save()
     if run_id:
         tracking.log_metrics(run_id, metrics, step=iteration)

@@ -41,14 +41,17 @@ def rollout_world(tmp_path_factory) -> dict:
     """A 69-question synthetic world with its search environment, a 600-token tokenizer
     trained on it and the chat format: everything a rollout needs but the model."""
     from agentr1.data import synth
-    from agentr1.env.qa_env import EnvConfig, QAEnv
+    from agentr1.config import EnvConfig, RewardConfig
+    from agentr1.env.qa_env import EnvSettings, QAEnv
+    from agentr1.env.rewards import RewardWeights
     from agentr1.env.search import SearchIndex
     from models.chat import ChatFormat
     from models.tokenizer import build_tokenizer
 
     splits, corpus = synth.generate(3, n_train=40, n_dev=5, n_test=24)
     search = SearchIndex.build(corpus, cache_dir=tmp_path_factory.mktemp("idx"))
-    env = QAEnv(search, EnvConfig(top_k=1, max_turns=4, system_prompt=""))
+    env = QAEnv(search, EnvSettings.from_config(EnvConfig(top_k=1, max_turns=4, system_prompt="", doc_header=True)),
+                RewardWeights.from_config(RewardConfig()))
     texts = [f"{d.title}\n{d.text}" for d in corpus] + [r.question for r in splits["train"]]
     texts += ['<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>'] * 50
     tok = build_tokenizer(texts, vocab_size=600)

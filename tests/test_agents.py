@@ -10,7 +10,9 @@ from agentr1.data import synth
 from agentr1.env import agents
 from agentr1.env.agents import ExpertNoise, NoisyExpertAgent, OracleAgent, run_episode, run_episodes
 from agentr1.env.protocol import TOOL_RESPONSE_START, parse_turn
-from agentr1.env.qa_env import EnvConfig, QAEnv
+from agentr1.config import EnvConfig, RewardConfig
+from agentr1.env.qa_env import EnvSettings, QAEnv
+from agentr1.env.rewards import RewardWeights
 from agentr1.env.search import SearchIndex
 
 CLEAN = ExpertNoise(stop_short_3hop=0.0, distractor=0.0, malformed=0.0)
@@ -24,7 +26,9 @@ def world(tmp_path_factory):
 
 
 def _env(index, top_k: int = 1, max_turns: int = 4) -> QAEnv:
-    return QAEnv(index, EnvConfig(top_k=top_k, max_turns=max_turns))
+    return QAEnv(index, EnvSettings.from_config(EnvConfig(top_k=top_k, max_turns=max_turns, doc_header=True,
+                                                          system_prompt=None)),
+                 RewardWeights.from_config(RewardConfig()))
 
 
 def _em_by_hops(records, transcripts) -> dict[int, float]:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from test_convert import HOTPOT_RECORD
 from test_trainer import TINY
 
@@ -58,7 +59,10 @@ def warm_dir(data_dir, tmp_path_factory) -> Path:
 
 
 def seeded_run(tmp_path: Path, warm_dir: Path) -> Path:
-    run = tmp_path / "run"
+    """A run directory of ours (marker) holding a copy of the shared warm-up."""
+    from agentr1.rundir import claim_run_dir
+
+    run = claim_run_dir(tmp_path / "run")
     shutil.copytree(warm_dir, run / "warmup")
     return run
 
@@ -229,7 +233,8 @@ def test_served_deployment_runs_with_the_form_defaults(prefect_api, data_dir, wa
     from flows.serve import deployment_specs, to_deployment
 
     spec = next(s for s in deployment_specs() if s["name"] == "manual")
-    defaults = {"params": form(data_dir, seeded_run(tmp_path, warm_dir), "ppo.iterations=2").model_dump(mode="json")}
+    same = ("ppo.iterations=2", "rollout.backend=hf")  # hf: one backend in both processes
+    defaults = {"params": form(data_dir, seeded_run(tmp_path, warm_dir), *same).model_dump(mode="json")}
     deployment = to_deployment(spec, parameters=defaults)
 
     async def run() -> object:
@@ -255,6 +260,17 @@ def test_served_deployment_runs_with_the_form_defaults(prefect_api, data_dir, wa
                                                                                "iter-0002.parquet"]
     tags = tracking.client().get_run(summary["run_id"]).data.tags
     assert tags["prefect_flow_run_id"] == str(flow_run.id)
+
+    # One PPO loop: `agentr1 train` (the CLI and DVC path) on the same config and warm-up ends
+    # on bit-identical parameters.
+    from safetensors.torch import load_file
+
+    from agentr1.trainer import train
+
+    cli_run = seeded_run(tmp_path / "cli", warm_dir)
+    train(resolve_config(form(data_dir, cli_run, *same), "pipeline"), stages=("ppo",))
+    flow_w, cli_w = (load_file(d / "final" / "model.safetensors") for d in (tmp_path / "run", cli_run))
+    assert flow_w.keys() == cli_w.keys() and all(torch.equal(flow_w[k], cli_w[k]) for k in flow_w)
     assert tags[tracking.TAG_DATA_HASH] == summary["data"]["md5"]
     assert tags[tracking.TAG_CONFIG_HASH] and tags[tracking.TAG_ROLLOUT_VERSION]
 

@@ -9,7 +9,8 @@ import pytest
 
 from agentr1.data.records import Document, QARecord
 from agentr1.env.protocol import format_answer, format_tool_call
-from agentr1.env.qa_env import EnvConfig, QAEnv, StepResult
+from agentr1.config import EnvConfig, RewardConfig
+from agentr1.env.qa_env import EnvSettings, QAEnv, StepResult
 from agentr1.env.rewards import FORMAT_FLOOR, RewardWeights
 from agentr1.env.search import Hit, format_hits
 
@@ -43,8 +44,15 @@ class FakeSearch:
                 for r, (s, i) in enumerate(scored[:k], start=1)]
 
 
+def settings(**changes) -> EnvSettings:
+    """The environment's settings as these tests were written for: document headers and the
+    environment's own instructions (the default run turns both off)."""
+    return EnvSettings.from_config(EnvConfig(), **{"doc_header": True, "system_prompt": None, **changes})
+
+
 def make_env(top_k: int = 1, max_turns: int = 4, **weights) -> QAEnv:
-    return QAEnv(FakeSearch(DOCS), EnvConfig(top_k=top_k, max_turns=max_turns), RewardWeights(**weights))
+    return QAEnv(FakeSearch(DOCS), settings(top_k=top_k, max_turns=max_turns),
+                 RewardWeights.from_config(RewardConfig(), **weights))
 
 
 def test_prompts_and_tools():
@@ -56,9 +64,9 @@ def test_prompts_and_tools():
 
 def test_env_config_rejects_nonsense():
     with pytest.raises(ValueError, match="top_k"):
-        EnvConfig(top_k=0)
+        settings(top_k=0)
     with pytest.raises(ValueError, match="max_doc_chars"):
-        EnvConfig(max_doc_chars=0)
+        settings(max_doc_chars=0)
 
 
 def test_search_call_observation_and_new_support_once():
@@ -238,6 +246,6 @@ def test_observations_of_hostile_turns_encode_and_hold_no_chat_token():
 
 def test_a_corpus_lone_surrogate_does_not_reach_the_observation():
     docs = [Document("d_film", "Zora Vell", "Zora Vell is a film \udfff directed by Pell Kam.")]
-    env = QAEnv(FakeSearch(docs), EnvConfig())
+    env = QAEnv(FakeSearch(docs), settings(), RewardWeights.from_config(RewardConfig()))
     obs = env.step(env.reset(RECORD), format_tool_call("Zora Vell")).observation
     assert obs == "Doc 1 (Zora Vell): Zora Vell is a film \ufffd directed by Pell Kam."

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from agentr1.config import RewardConfig
 from agentr1.env.rewards import (
     FORMAT_FLOOR,
     AnswerScores,
@@ -67,21 +68,21 @@ def test_score_answer_bundles_metrics():
 
 
 def test_reward_weights_frozen_and_defaults():
-    w = RewardWeights()
+    w = RewardWeights.from_config(RewardConfig())
     with pytest.raises(dataclasses.FrozenInstanceError):
         w.outcome_em = 2.0  # type: ignore[misc]
     assert (w.outcome_em, w.format_answer, w.process_new_support, w.process_bad_call) == (1.0, 0.1, 0.2, -0.1)
 
 
 def test_process_reward_components_and_switch():
-    w = RewardWeights(process_valid_call=0.05)
+    w = RewardWeights.from_config(RewardConfig(), process_valid_call=0.05)
     assert process_reward(True, True, False, w) == pytest.approx(0.25)
     assert process_reward(False, False, True, w) == pytest.approx(-0.1)
     assert process_reward(True, True, False, dataclasses.replace(w, process_enabled=False)) == 0.0
 
 
 def test_outcome_reward_combines_em_f1_and_floored_format():
-    w = RewardWeights(outcome_em=1.0, outcome_f1=0.5)
+    w = RewardWeights.from_config(RewardConfig(), outcome_em=1.0, outcome_f1=0.5)
     scores = AnswerScores(em=1.0, f1=1.0, contains=1.0)
     assert outcome_reward(scores, True, 0, w) == pytest.approx(1.6)
     assert outcome_reward(scores, True, 2, w) == pytest.approx(1.4)

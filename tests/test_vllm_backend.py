@@ -12,11 +12,14 @@ pytest.importorskip("vllm")
 
 from accelerate import Accelerator
 
-from agentr1.rl.ppo import PPOHyper, forward_tokens, ppo_update, score_batch
+from agentr1.config import load_config
+from agentr1.rl.guard import StepGuard
+from agentr1.rl.ppo import forward_tokens, ppo_update, score_batch
 from agentr1.rollout.backend import SamplingSpec
 from agentr1.rollout.batch import collate
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings
 from agentr1.rollout.vllm_backend import VLLMBackend, preserved_rng, shutdown_engines
+from agentr1.trainer import ppo_hyper
 from models.policy import ModelSpec, build_policy
 
 # fp32 on both sides; vLLM's CPU kernels sum in another order than torch's.
@@ -124,13 +127,13 @@ def test_after_a_ppo_update_and_sync_vllm_logprobs_match_the_trainers(world):
     pad, records = world["chat"].pad_token_id, world["splits"]["test"][:16]
     trajs = engine(world).run(records, seed=7)
     model = copy.deepcopy(world["model"])
-    hp = PPOHyper(epochs=2, minibatch_size=8, kl_coef=0.0)
+    hp = ppo_hyper(load_config(None, ["ppo.epochs=2", "ppo.minibatch_size=8", "ppo.kl_coef=0"]))
     batch = collate(trajs, pad)
     with torch.no_grad():
         scored, _ = score_batch(model, world["model"], batch, hp)
     model.train()
     ppo_update(model, torch.optim.AdamW(model.parameters(), lr=3e-2), Accelerator(cpu=True), batch, scored, hp,
-               torch.Generator().manual_seed(0))
+               torch.Generator().manual_seed(0), StepGuard(max_in_row=1))
     model.eval()
     stale_max, _ = logp_gap(model, engine(world).run(records, seed=8), pad)
     world["backend"].sync_weights(model.policy)

@@ -19,9 +19,10 @@ outcome of "no answer"; ``finalize`` does the same for cuts made by the rollout 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol, Sequence
 
+from agentr1.config import EnvConfig
 from agentr1.data.records import QARecord
 from agentr1.env.protocol import SEARCH_TOOL_SCHEMA, ParsedTurn, encodable, parse_turn
 from agentr1.env.rewards import (
@@ -52,28 +53,36 @@ class Searcher(Protocol):
     def batch_search(self, queries: list[str], k: int) -> list[list[Hit]]: ...
 
 
-@dataclass
-class EnvConfig:
-    top_k: int = 1
+@dataclass(frozen=True)
+class EnvSettings:
+    """The environment's knobs. No defaults here: they are built from the validated config's
+    ``env`` section (:meth:`from_config`), the one place every default lives."""
+
+    top_k: int
     """Documents returned per search."""
-    max_turns: int = 4
+    max_turns: int
     """Assistant turns per episode (searches + answer); the last one ends the episode."""
-    max_query_chars: int = 200
+    max_query_chars: int
     """Longer queries are malformed calls."""
-    max_doc_chars: int | None = 400
+    max_doc_chars: int | None
     """Each returned document's text is cut to this many characters (None: whole)."""
-    doc_header: bool = True
+    doc_header: bool
     """Start each returned document with "Doc <rank> (<title>): "; off, the tool message is the
     documents' text alone, one per line (~9 tokens shorter per document)."""
-    system_prompt: str | None = None
+    system_prompt: str | None
     """Replaces the default instructions (a tiny from-scratch model does better with a short one)."""
+
+    @classmethod
+    def from_config(cls, env: EnvConfig, **changes) -> "EnvSettings":
+        """The settings of ``env`` (``agentr1.config.EnvConfig``), with ``changes`` applied."""
+        return cls(**{**{f.name: getattr(env, f.name) for f in fields(cls)}, **changes})
 
     def __post_init__(self) -> None:
         for name in ("top_k", "max_turns", "max_query_chars"):
             if getattr(self, name) < 1:
-                raise ValueError(f"EnvConfig.{name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"env.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_doc_chars is not None and self.max_doc_chars < 1:
-            raise ValueError(f"EnvConfig.max_doc_chars must be >= 1 or None, got {self.max_doc_chars}")
+            raise ValueError(f"env.max_doc_chars must be >= 1 or None, got {self.max_doc_chars}")
 
 
 @dataclass
@@ -117,10 +126,10 @@ class _TurnParts:
 class QAEnv:
     """Multi-hop QA over a search tool; see the module docstring for the reward rules."""
 
-    def __init__(self, search: Searcher, config: EnvConfig | None = None, weights: RewardWeights | None = None):
+    def __init__(self, search: Searcher, config: EnvSettings, weights: RewardWeights):
         self.search = search
-        self.config = config or EnvConfig()
-        self.weights = weights or RewardWeights()
+        self.config = config
+        self.weights = weights
 
     @property
     def tools(self) -> list[dict]:

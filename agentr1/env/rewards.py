@@ -12,6 +12,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
+from agentr1.config import RewardConfig
+
 # HotpotQA scores these special answers as all-or-nothing: "yes" vs "no" shares no F1.
 _SPECIAL_ANSWERS = frozenset({"yes", "no", "noanswer"})
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -91,24 +93,30 @@ def score_answer(prediction: str | None, answers: Sequence[str]) -> AnswerScores
 
 @dataclass(frozen=True)
 class RewardWeights:
-    """Weights of the reward components (mirrored in the pipeline config)."""
+    """Weights of the reward components. No defaults here: they are built from the validated
+    config's ``reward`` section (:meth:`from_config`), the one place every default lives."""
 
-    outcome_em: float = 1.0
+    outcome_em: float
     """Outcome: weight of exact match of the final answer."""
-    outcome_f1: float = 0.0
+    outcome_f1: float
     """Outcome: weight of token F1 of the final answer."""
-    format_answer: float = 0.1
+    format_answer: float
     """Outcome (format): bonus when the episode ends with a well-formed <answer>."""
-    format_bad_call: float = -0.1
+    format_bad_call: float
     """Outcome (format): added once per malformed turn of the episode (format part floored at FORMAT_FLOOR)."""
-    process_valid_call: float = 0.0
+    process_valid_call: float
     """Process: each well-formed tool call."""
-    process_new_support: float = 0.2
+    process_new_support: float
     """Process: a call that retrieves at least one supporting doc not retrieved before (once per call)."""
-    process_bad_call: float = -0.1
+    process_bad_call: float
     """Process: each malformed turn."""
-    process_enabled: bool = True
+    process_enabled: bool
     """Off: every process reward is 0 (components are still reported)."""
+
+    @classmethod
+    def from_config(cls, reward: RewardConfig, **changes) -> "RewardWeights":
+        """The weights of ``reward`` (``agentr1.config.RewardConfig``), with ``changes`` applied."""
+        return cls(**{**reward.model_dump(), **changes})
 
 
 def process_reward(valid_call: bool, new_support: bool, bad_call: bool, weights: RewardWeights) -> float:

@@ -13,6 +13,7 @@ Switches (the paper's ablations), all plain arguments:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,30 +33,34 @@ from agentr1.rl.core import (
     rloo_advantages,
     value_loss,
 )
+from agentr1.rl.guard import StepGuard
 from agentr1.rollout.batch import RolloutBatch, length_bucketed_batches
 
 
 @dataclass(frozen=True)
 class PPOHyper:
-    estimator: Literal["gae", "grpo", "rloo", "reinforce_pp"] = "gae"
-    loss_mask: bool = True
-    advantage_mask: bool = True
-    epochs: int = 2
-    minibatch_size: int = 32
-    clip_eps: float = 0.2
-    dual_clip_c: float | None = 3.0
-    vf_coef: float = 0.5
-    vf_clip: float = 0.2
-    kl_coef: float = 0.02
-    kl_kind: str = "k3"
-    kl_in_reward: bool = False
-    kl_clamp: float = 10.0
-    entropy_coef: float = 0.0
-    gamma: float = 1.0
-    lam: float = 0.95
-    whiten_advantages: bool = True
-    max_grad_norm: float = 1.0
-    temperature: float = 1.0
+    """The knobs of one PPO update, without defaults: they come from the validated config only
+    (``agentr1.trainer.ppo_hyper``), so the default run has one source (``agentr1/config.py``)."""
+
+    estimator: Literal["gae", "grpo", "rloo", "reinforce_pp"]
+    loss_mask: bool
+    advantage_mask: bool
+    epochs: int
+    minibatch_size: int
+    clip_eps: float
+    dual_clip_c: float | None
+    vf_coef: float
+    vf_clip: float
+    kl_coef: float
+    kl_kind: str
+    kl_in_reward: bool
+    kl_clamp: float
+    entropy_coef: float
+    gamma: float
+    lam: float
+    whiten_advantages: bool
+    max_grad_norm: float
+    temperature: float
 
 
 @dataclass
@@ -139,8 +144,10 @@ def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper) -> tuple[Sc
 
 
 def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Scored, hp: PPOHyper,
-               generator: torch.Generator) -> dict[str, float]:
-    """Epochs of shuffled minibatch updates; returns metrics averaged over minibatches."""
+               generator: torch.Generator, guard: StepGuard) -> dict[str, float]:
+    """Epochs of shuffled minibatch updates; returns metrics averaged over the minibatches that
+    stepped. A minibatch whose loss or gradient norm is not finite does not step (``guard``
+    counts it in ``actor/skipped_steps`` and stops the run after too many in a row)."""
     use_critic = hp.estimator == "gae"
     loss_mask_full = batch.action_mask if hp.loss_mask else batch.response_mask
     totals: dict[str, float] = {}
@@ -172,12 +179,18 @@ def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Score
                 if use_critic:
                     vf, vf_m = value_loss(values, cut(scored.old_values), cut(scored.returns), mask, hp.vf_clip)
                     loss = loss + hp.vf_coef * vf
-                accelerator.backward(loss)
+                loss_v = float(loss.detach())
                 grad_norm = None
-                if accelerator.sync_gradients:
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), hp.max_grad_norm)
-                optimizer.step()
+                if math.isfinite(loss_v):
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients:
+                        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), hp.max_grad_norm))
+                stepped = guard.ok(loss_v, grad_norm)
+                if stepped:
+                    optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+            if not stepped:
+                continue
             step_m = {
                 "actor/pg_loss": float(pg_m.get("pg_loss", float(pg.detach()))),
                 "actor/pg_clipfrac": float(pg_m.get("pg_clipfrac", 0.0)),
@@ -188,10 +201,11 @@ def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Score
                 "critic/vf_clipfrac": float(vf_m.get("vf_clipfrac", 0.0)),
             }
             if grad_norm is not None:
-                step_m["actor/grad_norm"] = float(grad_norm)
+                step_m["actor/grad_norm"] = grad_norm
             for k, v in step_m.items():
                 totals[k] = totals.get(k, 0.0) + v
             n_updates += 1
     out = {k: v / max(n_updates, 1) for k, v in totals.items()}
     out["actor/n_updates"] = float(n_updates)
+    out["actor/skipped_steps"] = float(guard.take_skipped())
     return out

@@ -1,0 +1,69 @@
+"""Divergence guard: a non-finite step is skipped and counted; a run that keeps diverging stops.
+
+An optimizer step whose loss or gradient norm is NaN/inf would poison every parameter it
+touches (Adam's moments keep the NaN forever), so it is skipped instead, and counted
+(``actor/skipped_steps``, ``sft/skipped_steps``). A few skipped steps are noise (a rare sample
+with a huge ratio); ``max_in_row`` of them in a row means the run has diverged, and it stops
+with :class:`TrainingDiverged` naming where. Parameters that became non-finite anyway (a finite
+gradient times an enormous learning rate) can never recover: that stops the run at once.
+Nothing non-finite is ever saved: :func:`assert_finite` guards every write of a policy.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+class TrainingDiverged(RuntimeError):
+    """Training produced non-finite numbers it cannot recover from; nothing was saved from it."""
+
+
+@dataclass
+class StepGuard:
+    """Counts skipped (non-finite) optimizer steps; raises after ``max_in_row`` in a row."""
+
+    max_in_row: int
+    where: str = ""
+    """Where the caller is (``"PPO iteration 7"``), for the error message."""
+    skipped: int = 0
+    """Steps skipped since the counter was last read (:meth:`take_skipped`)."""
+    in_row: int = 0
+
+    def ok(self, loss: float, grad_norm: float | None = None) -> bool:
+        """True when the step may be taken; False (and counted) when the loss or gradient norm is
+        not finite. Raises :class:`TrainingDiverged` on the ``max_in_row``-th such step in a row."""
+        finite = math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm))
+        if finite:
+            self.in_row = 0
+            return True
+        self.skipped += 1
+        self.in_row += 1
+        if self.in_row >= self.max_in_row:
+            raise TrainingDiverged(
+                f"{self.where}: {self.in_row} optimizer steps in a row had a non-finite loss or gradient norm "
+                f"(last: loss {loss}, grad norm {grad_norm}); the run stopped and kept its last checkpoint. "
+                "Lower the learning rate or check the reward weights.")
+        return False
+
+    def take_skipped(self) -> int:
+        """Skipped steps since the last call (the per-iteration metric)."""
+        n, self.skipped = self.skipped, 0
+        return n
+
+
+def first_nonfinite(model: torch.nn.Module) -> str | None:
+    """The name of the first parameter or buffer holding NaN/inf, None when all are finite."""
+    for name, t in (*model.named_parameters(), *model.named_buffers()):
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None
+
+
+def assert_finite(model: torch.nn.Module, what: str) -> None:
+    """Raise :class:`TrainingDiverged` when ``model`` holds a non-finite number: what is about to
+    be written (``what``) would be a NaN policy."""
+    bad = first_nonfinite(model)
+    if bad is not None:
+        raise TrainingDiverged(f"{what}: parameter {bad!r} is not finite (NaN/inf); refusing to write or use it")

@@ -1,0 +1,106 @@
+"""Run directories: which ones are ours, and which of their contents a run may reuse.
+
+A run directory (``output_dir``) is written only when it is one of ours: it carries
+:data:`MARKER`, or it is new, or nothing in it has a name a run writes (a directory with only a
+DVC stage's ``validation.json`` in it, say). Anything else is refused before a byte is written,
+so ``-o output_dir=~/thesis`` never overwrites someone's ``final/`` or ``summary.json``.
+
+What a run reuses carries the configuration that made it, and is reused only for the same one:
+the warm-up (``warmup/warmup_stats.json``, under ``"config"``) and the PPO checkpoint
+(``checkpoints/last/state.json``). Each records only the keys its stage reads, so DVC's stages
+(which delete the outputs they rebuild) and raising ``ppo.iterations`` to go on still work,
+while resuming a checkpoint made with another ``ppo.lr`` is an error naming ``ppo.lr``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from agentr1.config import Config, ConfigError, flatten
+
+MARKER = ".agentr1-run"
+RUN_OUTPUTS = frozenset({
+    "warmup", "checkpoints", "final", "rollouts", "runs", "summary.json", "metrics.jsonl", "learning_curve.png",
+    "curve.jsonl", "job.json", "result.json", "downloads",
+})
+"""Names a run writes at the top of its directory (besides ``eval_*.json``/``trajectories_*.txt``)."""
+
+# Keys that do not change what a stage computes: where it writes, how long it goes on, how
+# often it checkpoints, and how the result is evaluated afterwards.
+_NEVER = ("output_dir", "eval.", "max_nonfinite_steps")
+_WARMUP_SKIPS = (*_NEVER, "ppo.", "rollout.")
+_WARMUP_KEEPS = ("ppo.mixed_precision",)  # the warm-up trains in the PPO precision
+_PPO_SKIPS = (*_NEVER, "ppo.iterations", "ppo.checkpoint_every")
+
+
+def _written_by_a_run(name: str) -> bool:
+    return name in RUN_OUTPUTS or (name.startswith(("eval_", "trajectories_")) and "." in name)
+
+
+def claim_run_dir(out: str | Path) -> Path:
+    """Make ``out`` a run directory of ours, or check that it is one; raise :class:`ConfigError`
+    (nothing written) when it holds outputs a run would overwrite but is not ours."""
+    out = Path(out)
+    if (out / MARKER).is_file():
+        return out
+    if out.exists():
+        if not out.is_dir():
+            raise ConfigError(f"output_dir {out} exists and is not a directory")
+        clashing = sorted(p.name for p in out.iterdir() if _written_by_a_run(p.name))
+        if clashing:
+            raise ConfigError(f"output_dir {out} was not made by agentr1 (no {MARKER} file) and holds "
+                              f"{', '.join(clashing[:5])}, which a run would overwrite: choose another output_dir (or, for a "
+                              f"directory you set up for a run yourself, e.g. with a copied warm-up, create an "
+                              f"empty {MARKER} file in it)")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text(json.dumps({"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                          "host": socket.gethostname(), "pid": os.getpid()}) + "\n")
+    return out
+
+
+def _select(cfg: Config, skips: tuple[str, ...], keeps: tuple[str, ...] = ()) -> dict[str, Any]:
+    flat = flatten(cfg)
+    return {k: v for k, v in sorted(flat.items()) if k in keeps or not k.startswith(skips)}
+
+
+def warmup_identity(cfg: Config) -> dict[str, Any]:
+    """The config keys a warm-up depends on (flat, JSON-ready)."""
+    return json.loads(json.dumps(_select(cfg, _WARMUP_SKIPS, _WARMUP_KEEPS)))
+
+
+def ppo_identity(cfg: Config) -> dict[str, Any]:
+    """The config keys a PPO checkpoint depends on (flat, JSON-ready)."""
+    return json.loads(json.dumps(_select(cfg, _PPO_SKIPS)))
+
+
+def changed_keys(before: dict, now: dict) -> list[str]:
+    return sorted(k for k in {*before, *now} if before.get(k) != now.get(k))
+
+
+def check_same_config(recorded: dict | None, current: dict, what: Path, fix: str) -> None:
+    """Raise :class:`ConfigError` unless ``what`` was made with ``current`` (``recorded``)."""
+    if recorded is None:
+        raise ConfigError(f"{what} records no configuration (made by an older version?), so it cannot be "
+                          f"reused safely: {fix}")
+    changed = changed_keys(recorded, current)
+    if changed:
+        shown = ", ".join(f"{k} ({recorded.get(k)!r} then, {current.get(k)!r} now)" for k in changed[:5])
+        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+        raise ConfigError(f"{what} was made with another configuration: {shown}{more}; {fix}")
+
+
+def claim(path: Path, identity: dict) -> None:
+    """Record ``identity`` in ``path``, or check that an earlier attempt recorded the same one:
+    resuming a directory made with another config would mix two experiments."""
+    from agentr1.fsutil import atomic_file
+
+    if path.exists():
+        check_same_config(json.loads(path.read_text()), identity, path.parent,
+                          f"use another output_dir, or delete {path.parent} to start it again")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_file(path, lambda tmp: tmp.write_text(json.dumps(identity, indent=1, sort_keys=True)))

@@ -1,0 +1,249 @@
+"""Fault injection into training: divergence, foreign and reused run directories, interrupted
+checkpoint swaps, and kill -9 in the middle of PPO. Each case states what must survive."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_trainer import TINY, params
+
+from agentr1.cli import EXIT_TRAINING_FAILED, main
+from agentr1.config import Config, ConfigError, load_config
+from agentr1.fsutil import atomic_dir, recover_dir
+from agentr1.rl.guard import StepGuard, TrainingDiverged, assert_finite
+from agentr1.rundir import MARKER, claim_run_dir
+from agentr1.trainer import LAST_DIR, Workspace, train_ppo, warmup
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("faults") / "data"
+    Workspace.build(load_config("conf/train.yaml", [f"data.dir={d}", *TINY]))
+    return d
+
+
+@pytest.fixture(scope="module")
+def warm(data_dir, tmp_path_factory):
+    """One tiny warm-up that the PPO cases copy (the run directory is the cases' own)."""
+    out = tmp_path_factory.mktemp("warm")
+    cfg = load_config("conf/train.yaml", [f"data.dir={data_dir}", f"output_dir={out}", *TINY])
+    claim_run_dir(out)
+    warmup(cfg, Workspace.build(cfg))
+    return out
+
+
+def run_with_warmup(warm: Path, dest: Path) -> Path:
+    import shutil
+
+    shutil.copytree(warm, dest)
+    return dest
+
+
+def overrides(data_dir, out, *extra) -> list[str]:
+    return [f"data.dir={data_dir}", f"output_dir={out}", *TINY, *extra]
+
+
+# ----------------------------------------------------------------------------- config and defaults
+
+
+@pytest.mark.parametrize("bad", ["ppo.lr=.inf", "ppo.lr=.nan", "reward.outcome_em=.nan", "sft.lr=-.inf",
+                                 "reward.process_new_support=.inf"])
+def test_config_numbers_must_be_finite(bad):
+    with pytest.raises(ConfigError, match=bad.split("=")[0]):
+        load_config("conf/train.yaml", [bad])
+
+
+def test_the_pydantic_defaults_are_the_default_run():
+    assert Config() == load_config("conf/train.yaml")
+
+
+# ----------------------------------------------------------------------------- the divergence guard
+
+
+def test_guard_skips_non_finite_steps_and_stops_after_n_in_a_row():
+    guard = StepGuard(max_in_row=3, where="PPO iteration 7")
+    assert guard.ok(1.0, 0.5)
+    assert not guard.ok(math.nan, None) and not guard.ok(1.0, math.inf)
+    assert guard.ok(0.3, 1.0)  # a finite step breaks the streak
+    assert guard.take_skipped() == 2 and guard.take_skipped() == 0
+    assert not guard.ok(math.inf) and not guard.ok(math.nan)
+    with pytest.raises(TrainingDiverged, match="PPO iteration 7: 3 optimizer steps in a row"):
+        guard.ok(math.nan)
+
+
+def test_a_nan_model_is_never_written(tmp_path):
+    from models.policy import save_actor_critic
+
+    layer = torch.nn.Linear(2, 2)
+    assert_finite(layer, "fine")
+    with torch.no_grad():
+        layer.weight[0, 1] = math.nan
+    with pytest.raises(TrainingDiverged, match="'weight' is not finite"):
+        assert_finite(layer, "x")
+
+    class Fake(torch.nn.Module):  # save_actor_critic must refuse before touching the tokenizer
+        def __init__(self):
+            super().__init__()
+            self.value_head = layer
+
+    with pytest.raises(TrainingDiverged):
+        save_actor_critic(Fake(), None, tmp_path / "policy")
+    assert not (tmp_path / "policy").exists() and not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_a_huge_learning_rate_exits_non_zero_and_keeps_only_finite_checkpoints(data_dir, warm, tmp_path, capsys):
+    out = run_with_warmup(warm, tmp_path / "run")
+    code = main(["train", "--config", "conf/train.yaml", "--stage", "ppo", *sum(
+        (["-o", o] for o in overrides(data_dir, out, "ppo.iterations=6", "ppo.lr=1e30")), [])])
+    err = capsys.readouterr().err
+    assert code == EXIT_TRAINING_FAILED, err
+    assert "training stopped: PPO iteration" in err
+    if (out / LAST_DIR).exists():  # whatever was checkpointed before the stop is finite
+        saved = load_file(out / LAST_DIR / "policy" / "model.safetensors")
+        assert all(torch.isfinite(t).all() for t in saved.values())
+        assert json.loads((out / LAST_DIR / "state.json").read_text())["iteration"] < 6
+    assert not (out / "final").exists(), "a diverged run wrote final/"
+    warm_weights = load_file(out / "warmup" / "model.safetensors")
+    assert all(torch.isfinite(t).all() for t in warm_weights.values())
+
+
+# ----------------------------------------------------------------------------- run directories
+
+
+def test_a_foreign_directory_with_run_outputs_is_refused_and_left_alone(data_dir, tmp_path, capsys):
+    foreign = tmp_path / "thesis"
+    foreign.mkdir()
+    (foreign / "summary.json").write_text('{"mine": true}')
+    (foreign / "final").mkdir()
+    (foreign / "final" / "notes.txt").write_text("precious")
+    code = main(["train", "--config", "conf/train.yaml", *sum((["-o", o] for o in overrides(data_dir, foreign)), [])])
+    assert code == 2 and "was not made by agentr1" in capsys.readouterr().err
+    assert sorted(p.name for p in foreign.iterdir()) == ["final", "summary.json"]
+    assert (foreign / "final" / "notes.txt").read_text() == "precious"
+
+
+def test_a_directory_without_run_outputs_becomes_ours(tmp_path):
+    d = tmp_path / "dvc"
+    d.mkdir()
+    (d / "validation.json").write_text("{}")  # what the DVC validate stage leaves there first
+    claim_run_dir(d)
+    assert (d / MARKER).is_file() and (d / "validation.json").read_text() == "{}"
+    claim_run_dir(d)  # ours now: claiming again is fine
+
+
+@pytest.mark.slow
+def test_a_checkpoint_is_resumed_only_with_its_own_configuration(data_dir, warm, tmp_path):
+    out = run_with_warmup(warm, tmp_path / "run")
+    cfg = load_config("conf/train.yaml", overrides(data_dir, out, "ppo.iterations=1"))
+    ws = Workspace.build(cfg)
+    train_ppo(cfg, ws)
+    other = load_config("conf/train.yaml", overrides(data_dir, out, "ppo.iterations=2", "ppo.lr=3e-4"))
+    with pytest.raises(ConfigError, match=r"ppo\.lr \(0\.0001 then, 0\.0003 now\)"):
+        train_ppo(other, ws)
+    # More iterations of the same configuration is a resume, not another experiment.
+    longer = load_config("conf/train.yaml", overrides(data_dir, out, "ppo.iterations=2"))
+    assert len(train_ppo(longer, ws)[3]) == 2
+
+
+def test_a_warm_up_is_reused_only_with_its_own_configuration(data_dir, warm, tmp_path):
+    from agentr1.trainer import finished_warmup
+
+    out = run_with_warmup(warm, tmp_path / "run")
+    same = load_config("conf/train.yaml", overrides(data_dir, out, "ppo.lr=3e-4"))  # PPO keys do not matter
+    assert finished_warmup(same) == out / "warmup"
+    with pytest.raises(ConfigError, match="sft.steps"):
+        finished_warmup(load_config("conf/train.yaml", overrides(data_dir, out, "sft.steps=5")))
+
+
+# ----------------------------------------------------------------------------- interrupted swaps
+
+
+def _swap_interrupted_between_renames(final: Path) -> None:
+    """What a kill -9 between replace_dir's two renames leaves: the old version aside, the new
+    one complete in its temporary, nothing under the final name."""
+    aside = final.parent / f".{final.name}.old-x1"
+    aside.mkdir()
+    os.rename(final, aside / "data")
+    tmp = final.parent / f".{final.name}.tmp-x2"
+    tmp.mkdir()
+    (tmp / "v").write_text("new")
+
+
+def test_recover_dir_puts_the_old_version_back_and_removes_leftovers(tmp_path):
+    final = atomic_dir(tmp_path / "last", lambda d: (d / "v").write_text("old"))
+    _swap_interrupted_between_renames(final)
+    assert not final.exists()
+    recover_dir(final)
+    assert (final / "v").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]
+    # After the second rename (only the old copy left): the new version stays, the old goes.
+    aside = tmp_path / ".last.old-x3"
+    (aside / "data").mkdir(parents=True)
+    recover_dir(final)
+    assert (final / "v").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["last"]
+
+
+@pytest.mark.slow
+def test_resume_from_either_side_of_an_interrupted_checkpoint_swap(data_dir, warm, tmp_path):
+    one = run_with_warmup(warm, tmp_path / "one")
+    cfg = load_config("conf/train.yaml", overrides(data_dir, one, "ppo.iterations=3"))
+    ws = Workspace.build(cfg)
+    reference = params(train_ppo(cfg, ws)[0])
+
+    two = run_with_warmup(warm, tmp_path / "two")
+    cfg2 = load_config("conf/train.yaml", overrides(data_dir, two, "ppo.iterations=3"))
+    train_ppo(cfg2, ws, stop_after=2)
+    _swap_interrupted_between_renames(two / LAST_DIR)  # the swap to iteration 3's checkpoint died
+    resumed = params(train_ppo(cfg2, ws)[0])
+    assert all(torch.equal(reference[k], resumed[k]) for k in reference)
+    assert not [p for p in (two / "checkpoints").iterdir() if p.name != "last"]
+
+
+# ----------------------------------------------------------------------------- kill -9
+
+
+def _train_cmd(data_dir, out, iterations: int) -> list[str]:
+    args = [sys.executable, "-m", "agentr1.cli", "train", "--config", "conf/train.yaml", "--stage", "ppo"]
+    for o in overrides(data_dir, out, f"ppo.iterations={iterations}", "rollout.backend=hf"):
+        args += ["-o", o]
+    return args
+
+
+@pytest.mark.slow
+def test_kill_9_during_ppo_then_the_same_command_ends_bit_identical(data_dir, warm, tmp_path):
+    iterations = 4
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    whole = run_with_warmup(warm, tmp_path / "whole")
+    subprocess.run(_train_cmd(data_dir, whole, iterations), cwd=REPO, env=env, check=True, capture_output=True)
+
+    killed = run_with_warmup(warm, tmp_path / "killed")
+    proc = subprocess.Popen(_train_cmd(data_dir, killed, iterations), cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = killed / LAST_DIR / "state.json"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if state.exists() and json.loads(state.read_text())["iteration"] >= 2:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert json.loads(state.read_text())["iteration"] < iterations
+    subprocess.run(_train_cmd(data_dir, killed, iterations), cwd=REPO, env=env, check=True, capture_output=True)
+
+    a = load_file(whole / "final" / "model.safetensors")
+    b = load_file(killed / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [p.name for p in (killed / "checkpoints").iterdir()] == ["last"]
