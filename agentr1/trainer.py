@@ -38,7 +38,7 @@ from agentr1.env.rewards import RewardWeights
 from agentr1.env.search import SearchIndex
 from agentr1.evaluate import EvalResult, evaluate, render_trajectory
 from agentr1.fsutil import atomic_file, recover_dir, write_json
-from agentr1.rl.guard import StepGuard, TrainingDiverged, assert_finite
+from agentr1.rl.guard import StepGuard, TrainingDiverged, assert_finite, assert_finite_outputs
 from agentr1.rl.optim import MuonWithAdamW, muon_groups
 from agentr1.rl.ppo import PPOHyper, ppo_update, score_batch
 from agentr1.rl.sft import demo_returns, fit_value_head, pack_documents, pad_episodes, sft_loss
@@ -331,6 +331,8 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
                              "sft/skipped_steps": float(guard.skipped)}, step)
     model = acc.unwrap_model(model)
     model.eval()
+    if total:
+        assert_finite_outputs(model, ids, attn, f"warm-up (after {total} steps)")
     value_r2 = None
     if sft.value_fit_episodes:
         n = min(sft.value_fit_episodes, len(episodes))
@@ -496,7 +498,7 @@ class PPOSession:
                            torch.Generator().manual_seed(self.cfg.seed * 31 + it), self.guard)
         self.scheduler.step()
         self.model.eval()
-        assert_finite(self.policy, where)
+        assert_finite_outputs(self.policy, batch.input_ids, batch.attention_mask, where)
         t_upd = time.time() - t1
         t_roll = getattr(self, "_t_rollout", 0.0)
         metrics = {**rollout_metrics(trajs), **score_m, **upd_m,

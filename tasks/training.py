@@ -14,7 +14,6 @@ Run layout (``cfg.output_dir``): the trainer's (``warmup/``, ``checkpoints/last/
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shutil
 import threading
@@ -26,6 +25,7 @@ from prefect.cache_policies import NO_CACHE
 
 from agentr1 import checkpoint as ckpt
 from agentr1.config import Config, config_hash
+from agentr1.fsutil import write_json
 from agentr1.rundir import claim_run_dir
 from agentr1.trainer import (FINAL_DIR, LAST_DIR, WARMUP_DIR, PPOSession, Workspace, finished_warmup, run_eval,
                              warmup)
@@ -153,7 +153,7 @@ def save_final_policy(cfg: Config, run_id: str | None = None) -> str:
     source = last / ckpt.POLICY_DIR if last.exists() else out / WARMUP_DIR
     final = ckpt.atomic_dir(out / FINAL_DIR, lambda d: shutil.copytree(source, d, dirs_exist_ok=True))
     history = ckpt.load_state(last).get("history", []) if last.exists() else []
-    (out / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+    write_json(out / "metrics.jsonl", history)
     curve = None
     if history:
         curve = plot_learning_curve(history, out / "learning_curve.png", title=f"masked PPO ({cfg.ppo.estimator})")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_flows import warm_dir as flows_warm  # noqa: F401  (a fixture: the flows' warm-up, on data_dir)
 from test_trainer import TINY, params
 
 from agentr1.cli import EXIT_TRAINING_FAILED, main
@@ -247,3 +248,25 @@ def test_kill_9_during_ppo_then_the_same_command_ends_bit_identical(data_dir, wa
     b = load_file(killed / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [p.name for p in (killed / "checkpoints").iterdir()] == ["last"]
+
+
+# ----------------------------------------------------------------------------- the pipeline
+
+
+@pytest.mark.slow
+def test_a_diverged_one_iteration_pipeline_fails_tagged_and_registers_nothing(prefect_api, data_dir, flows_warm,
+                                                                              tmp_path):
+    from test_flows import form, registry_state, run_failing, seeded_run
+
+    from flows.pipeline import pipeline
+    from tasks import tracking
+
+    before = registry_state()
+    run = seeded_run(tmp_path, flows_warm)
+    error, _ = run_failing(pipeline, form(data_dir, run, "ppo.iterations=1", "ppo.lr=1e30"))
+    assert isinstance(error, TrainingDiverged) and "PPO iteration 1" in str(error)
+    assert registry_state() == before, "a diverged run registered a model or moved the champion"
+    assert not (run / "final").exists() and not (run / LAST_DIR).exists()
+    runs = tracking.client().search_runs([tracking.experiment_id(tracking.EXPERIMENTS["pipeline"])],
+                                         order_by=["attributes.start_time DESC"], max_results=1)
+    assert "PPO iteration 1" in runs[0].data.tags[tracking.TAG_DIVERGED]

@@ -67,3 +67,25 @@ def assert_finite(model: torch.nn.Module, what: str) -> None:
     bad = first_nonfinite(model)
     if bad is not None:
         raise TrainingDiverged(f"{what}: parameter {bad!r} is not finite (NaN/inf); refusing to write or use it")
+
+
+PROBE_ROWS = 4
+"""Sequences an updated model is run on to check that its outputs are finite (a few suffice:
+absurd but finite weights, say 1e30 after an enormous step, overflow on any input)."""
+
+
+@torch.no_grad()
+def assert_finite_outputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          what: str) -> None:
+    """Raise :class:`TrainingDiverged` unless the actor-critic ``model`` gives finite logits and
+    values on the first :data:`PROBE_ROWS` rows of ``input_ids`` (B, L): finite parameters can
+    still make a NaN policy, and it must not reach a checkpoint or the registry."""
+    assert_finite(model, what)
+    was_training = model.training
+    model.eval()
+    logits, values = model(input_ids=input_ids[:PROBE_ROWS], attention_mask=attention_mask[:PROBE_ROWS])
+    model.train(was_training)
+    keep = attention_mask[:PROBE_ROWS].bool()
+    if not (bool(torch.isfinite(logits[keep]).all()) and bool(torch.isfinite(values[keep]).all())):
+        raise TrainingDiverged(f"{what}: the model's parameters are finite but its outputs are not (NaN/inf "
+                               "logits or values): the run has diverged")
