@@ -81,6 +81,7 @@ def cmd_data_retrieval_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_data_validate(args: argparse.Namespace) -> int:
+    # The same check the training loader, the DVC stage and the pipeline's validation run.
     from agentr1.data.records import load_dataset
 
     splits, corpus = load_dataset(args.data)
@@ -95,7 +96,8 @@ def _add_data(subparsers: argparse._SubParsersAction) -> None:
     sub = data.add_subparsers(dest="data_command", required=True, metavar="{synth,convert,validate,retrieval-eval}")
 
     synth = sub.add_parser("synth", help="generate the synthetic multi-hop dataset; prints its statistics")
-    synth.add_argument("--out", required=True, help="dataset directory to write (replaced if it is a dataset)")
+    synth.add_argument("--out", required=True, help="dataset directory to write: one that does not exist, or one "
+                       "this command made (replaced); never anything else")
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--n-train", type=int, default=4000)
     synth.add_argument("--n-dev", type=int, default=200)
@@ -112,11 +114,11 @@ def _add_data(subparsers: argparse._SubParsersAction) -> None:
     convert = sub.add_parser("convert", help="convert HotpotQA / MuSiQue JSON into the shared format")
     convert.add_argument("--format", required=True, choices=sorted(CONVERTERS))
     convert.add_argument("--input", required=True, help="a JSON list or JSON-lines file")
-    convert.add_argument("--out", required=True, help="dataset directory to write")
+    convert.add_argument("--out", required=True, help="dataset directory to write (as for synth --out)")
     convert.add_argument("--split", default=DEFAULT_SPLIT, help=f"split to put every record in (default: {DEFAULT_SPLIT})")
     convert.set_defaults(func=cmd_data_convert)
 
-    validate = sub.add_parser("validate", help="check a dataset dir (ids, fields, supporting docs); prints counts")
+    validate = sub.add_parser("validate", help="check a dataset dir (the schema every entry point uses); prints counts")
     validate.add_argument("--data", required=True, help="dataset directory")
     validate.set_defaults(func=cmd_data_validate)
 

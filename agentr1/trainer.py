@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from agentr1 import checkpoint as ckpt
 from agentr1.config import Config
-from agentr1.data.records import QARecord, load_corpus_dir, load_split, write_dataset
+from agentr1.data.records import QARecord, generation_needed, load_corpus_dir, load_dataset, write_dataset
 from agentr1.env.agents import ExpertNoise, NoisyExpertAgent, run_episodes
 from agentr1.env.protocol import tool_call_scaffold
 from agentr1.env.qa_env import EnvSettings, QAEnv
@@ -72,9 +72,11 @@ def resolve_device(cfg: Config) -> torch.device:
 
 
 def ensure_data(cfg: Config) -> Path:
-    """The dataset directory, generating the synthetic world there if it is not present."""
+    """The dataset directory, generating the synthetic world there only when the directory does
+    not exist or is an incomplete one agentr1 generated (marker). Any other directory is left as
+    it is for the loader to judge: an incomplete one is refused, naming what is missing."""
     data_dir = Path(cfg.data.dir)
-    if not (data_dir / "corpus.jsonl").exists():
+    if generation_needed(data_dir):
         from agentr1.data.synth import generate
 
         s = cfg.data.synth
@@ -107,7 +109,7 @@ class Workspace:
     @classmethod
     def build(cls, cfg: Config) -> "Workspace":
         data_dir = ensure_data(cfg)
-        splits = {s: load_split(data_dir, s) for s in SPLITS if (data_dir / "qa" / f"{s}.jsonl").exists()}
+        splits, _ = load_dataset(data_dir)  # the one schema check: bad data stops here, before any write
         return cls(cfg, data_dir, splits, make_env(cfg, SearchIndex.from_data_dir(data_dir)), resolve_device(cfg))
 
 

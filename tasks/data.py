@@ -1,4 +1,5 @@
-"""Data tasks: make (or convert) the dataset, version it with DVC, validate it with Great Expectations.
+"""Data tasks: make (or convert) the dataset, validate it (the engine's schema check, then the
+Great Expectations suites), and only then version it with DVC.
 
 The dataset's version is DVC's directory hash (``<md5>.dir``, what ``data.dvc`` records), so
 the MLflow tag and DVC agree on which data a run saw. Inside the DVC repository a dataset that
@@ -10,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -19,11 +20,11 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from agentr1.config import Config
-from agentr1.data.records import DataError, QARecord, load_dataset, write_dataset
+from agentr1.data.records import MARKER_FILE, DataError, QARecord, generation_needed, write_dataset
 from agentr1.trainer import ensure_data
 from tasks import tracking
 from tasks.params import DataSource
-from tasks.validation import ValidationFailed, ValidationReport, summary_markdown, validate_dataset
+from tasks.validation import ValidationFailed, ValidationReport, records_report, summary_markdown, validate_dataset
 
 log = logging.getLogger("agentr1.tasks.data")
 
@@ -46,6 +47,8 @@ class DataVersion:
     recorded: bool
     """True when this run recorded a new version with ``dvc add``."""
     source: str
+    checks: tuple[dict, ...] = ()
+    """The validation suites it passed before it was versioned (see ``prepare_data``)."""
 
 
 # ----------------------------------------------------------------------------- DVC
@@ -59,15 +62,31 @@ def dvc_root(path: Path) -> Path | None:
     return None
 
 
+class _WithoutMarker:
+    """dvc_data's ignore protocol, dropping the generator's marker file: outside a DVC repository
+    there is no ``.dvcignore`` (the repository's lists the marker), and the hash is the data's."""
+
+    def walk(self, fs, path, **kwargs):
+        for root, dirs, files in fs.walk(path, **kwargs):
+            yield root, dirs, [f for f in files if f != MARKER_FILE]
+
+    def find(self, fs, path, **kwargs):
+        return (p for p in fs.find(path, **kwargs) if Path(p).name != MARKER_FILE)
+
+
 def dir_hash(path: Path) -> tuple[str, int, int]:
-    """``(md5, size, nfiles)`` of a directory exactly as ``dvc add`` would record it."""
+    """``(md5, size, nfiles)`` of a directory exactly as ``dvc add`` would record it (with the
+    ``.dvcignore`` of the DVC repository it lies in)."""
+    from dvc.ignore import DvcIgnoreFilter
     from dvc_data.hashfile.build import build
     from dvc_data.hashfile.db import HashFileDB
     from dvc_objects.fs import LocalFileSystem
 
     fs = LocalFileSystem()
+    root = dvc_root(path)
+    ignore = DvcIgnoreFilter(fs, str(root)) if root is not None else _WithoutMarker()
     with tempfile.TemporaryDirectory() as scratch:  # dry run: nothing is written to an object store
-        _, meta, obj = build(HashFileDB(fs, scratch), str(path.resolve()), fs, "md5", dry_run=True)
+        _, meta, obj = build(HashFileDB(fs, scratch), str(path.resolve()), fs, "md5", dry_run=True, ignore=ignore)
     return obj.hash_info.value, int(meta.size or 0), int(meta.nfiles or 0)
 
 
@@ -124,17 +143,29 @@ def convert_dataset(source: DataSource, out_dir: Path) -> None:
     write_dataset(out_dir, {k: v for k, v in splits.items() if v}, corpus)
 
 
+def make_data(cfg: Config, source: DataSource) -> None:
+    """Generate or convert the dataset into ``cfg.data.dir`` when it is absent, or an incomplete
+    one agentr1 generated (a DataError for an incomplete directory agentr1 did not make)."""
+    data_dir = Path(cfg.data.dir)
+    if not generation_needed(data_dir):
+        return
+    if source.kind == "synthetic":
+        ensure_data(cfg)
+    else:
+        convert_dataset(source, data_dir)
+
+
 @task(name="prepare-data", cache_policy=NO_CACHE)
 def prepare_data(cfg: Config, source: DataSource, run_id: str | None = None) -> DataVersion:
-    """Make the dataset in ``cfg.data.dir`` if it is not there (synthetic or converted), then
-    version it; tags the MLflow run with the DVC hash and logs the splits as its inputs."""
+    """Make the dataset in ``cfg.data.dir`` if it is not there (synthetic or converted),
+    validate it, and only then version it (``dvc add``: DVC never records data that failed);
+    tags the MLflow run with the DVC hash and logs the splits as its inputs.
+
+    A dataset that fails becomes the ``data-validation-report`` artifact and the task raises
+    ``ValidationFailed``: nothing is recorded, logged or trained."""
     data_dir = Path(cfg.data.dir)
-    if not (data_dir / "corpus.jsonl").exists():
-        if source.kind == "synthetic":
-            ensure_data(cfg)
-        else:
-            convert_dataset(source, data_dir)
-    version = version_dataset(data_dir, source.version, source.kind)
+    checks = passed_suites(data_dir, dataset_reports(cfg, source))
+    version = replace(version_dataset(data_dir, source.version, source.kind), checks=tuple(checks))
     if run_id:
         tracking.set_tags(run_id, {tracking.TAG_DATA_HASH: version.md5, "data_dir": str(data_dir)})
         for split_file in sorted((data_dir / "qa").glob("*.jsonl")):
@@ -146,36 +177,35 @@ def prepare_data(cfg: Config, source: DataSource, run_id: str | None = None) -> 
 # ----------------------------------------------------------------------------- validation
 
 
-def record_error_report(data_dir: Path, err: DataError) -> ValidationReport:
-    """A loader error (what the record schema rejects beyond the GX suites) as a report."""
-    failure = {"check": "records", "rule": "every row loads as a record", "expectation": "(agentr1 loader)",
-               "column": None, "field": err.field or "(row)", "observed": str(err), "unexpected_count": 1,
-               "rows": [{"file": err.path, "line": err.line or 0, "id": "", "field": err.field or "",
-                         "value": err.message}]}
-    return ValidationReport("records", False, 0, [failure], str(data_dir), 1)
-
-
 def publish_failure(reports: list[ValidationReport], key: str, description: str) -> None:
     """The failing reports as a markdown artifact, then raise ValidationFailed (stops the flow)."""
     create_markdown_artifact(summary_markdown(reports), key=key, description=description)
     raise ValidationFailed(next(r for r in reports if not r.success))
 
 
-@task(name="validate-data", cache_policy=NO_CACHE)
-def validate_data(data: DataVersion, max_hops: int = 4) -> list[dict]:
-    """Great Expectations suites over the corpus and every split, then the record loaders.
+def dataset_reports(cfg: Config, source: DataSource) -> list[ValidationReport]:
+    """The pipeline's verdict on ``cfg.data.dir``, before anything is recorded: the data is made
+    when absent (a directory it may not generate into fails the ``records`` check), then
+    ``validate_dataset`` (the engine's schema check, then the GX suites). Prefect-free."""
+    try:
+        make_data(cfg, source)
+    except DataError as err:
+        return [records_report(cfg.data.dir, getattr(err, "errors", [err]))]
+    return validate_dataset(cfg.data.dir)
 
-    On a failure the report becomes the ``data-validation-report`` artifact and the task
-    raises ``ValidationFailed``; nothing downstream runs.
-    """
-    data_dir = Path(data.path)
-    reports = validate_dataset(data_dir, max_hops=max_hops)
-    if all(r.success for r in reports):
-        try:
-            load_dataset(data_dir)
-        except DataError as err:
-            reports.append(record_error_report(data_dir, err))
+
+def passed_suites(data_dir: Path, reports: list[ValidationReport]) -> list[dict]:
+    """What passed, or on a failure the ``data-validation-report`` artifact and ``ValidationFailed``."""
     if not all(r.success for r in reports):
-        publish_failure(reports, DATA_REPORT_KEY, f"dataset {data_dir} (DVC {data.md5}) failed validation")
+        publish_failure(reports, DATA_REPORT_KEY, f"dataset {data_dir} failed validation")
     log.info("dataset %s passed %d suites", data_dir, len(reports))
     return [{"suite": r.suite, "source": r.source, "rows": r.n_rows, "checks": r.n_checks} for r in reports]
+
+
+@task(name="validate-data", cache_policy=NO_CACHE)
+def validate_data(data: DataVersion) -> list[dict]:
+    """The suites a dataset passed: those ``prepare_data`` ran before versioning it, or, for a
+    ``DataVersion`` made elsewhere, a run of them now (``ValidationFailed`` on a failure)."""
+    if data.checks:
+        return list(data.checks)
+    return passed_suites(Path(data.path), validate_dataset(data.path))

@@ -10,12 +10,15 @@ turned into a *helper column* that is always computable (``question_len``, ``n_a
 on the helper columns; a report then shows, for a few failing rows, the file, the line (or the
 Parquet row), the field a person has to fix and that field's raw value.
 
+A dataset is first checked by the engine (``agentr1.data.records.check_dataset``, what the
+training loader and ``agentr1 data validate`` run), so every entry point gives one verdict; the
+suites run on a dataset that passed it, with the engine's limits (hops, field and line sizes).
+
     report = validate_qa_split("data/qa/train.jsonl", corpus_ids)
     raise_on_failure(validate_dataset("data"))   # ValidationFailed: str() is the markdown report
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import threading
@@ -28,9 +31,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from agentr1.data.records import QA_DIR, available_splits, corpus_path, split_path
+from agentr1.data.records import (MAX_FIELD_CHARS, MAX_HOPS, MAX_LINE_BYTES, QA_DIR, DataError, available_splits,
+                                  check_dataset, corpus_path, iter_json_lines, split_path)
 
-DEFAULT_MAX_HOPS = 4
+DEFAULT_MAX_HOPS = MAX_HOPS  # the engine's schema: GX never disagrees with the loaders
 DEFAULT_REWARD_BOUNDS = (-2.0, 3.0)
 SAMPLE_ROWS = 5
 """Failing rows shown per failed expectation."""
@@ -151,27 +155,34 @@ def _record_checks(what: str) -> list[Check]:
     """Rows parse, ids are present and unique: shared by QA splits and the corpus."""
     return [
         _has_rows("file"),
-        Check("json", "each line is a JSON object", "(line)", "parse_error", "ExpectColumnValuesToBeNull",
+        Check("json", f"each line is a JSON object in UTF-8, at most {MAX_LINE_BYTES} bytes", "(line)",
+              "parse_error", "ExpectColumnValuesToBeNull",
               {"column": "parse_error"}),
-        _between("id_present", "id is a non-empty string", "id", "id_len", "v_id", lo=1),
+        _between("id_present", f"id is a non-empty string of at most {MAX_FIELD_CHARS['id']} characters", "id",
+             "id_len", "v_id", lo=1, hi=MAX_FIELD_CHARS["id"]),
         Check("id_unique", f"{what} ids are unique within the file", "id", "v_id", "ExpectColumnValuesToBeUnique",
               {"column": "id"}),
     ]
 
 
 QA_CHECKS = _record_checks("record") + [
-    _between("question", "question is a non-empty string", "question", "question_len", "v_question", lo=1),
+    _between("question", f"question is a non-empty string of at most {MAX_FIELD_CHARS['question']} characters",
+             "question", "question_len", "v_question", lo=1, hi=MAX_FIELD_CHARS["question"]),
     _between("answers_present", "answers is a non-empty list", "answers", "n_answers", "v_answers", lo=1),
-    _zero("answers_text", "every answer is a non-empty string", "answers", "n_bad_answers", "v_answers"),
+    _zero("answers_text", f"every answer is a non-empty string of at most {MAX_FIELD_CHARS['answers']} characters",
+          "answers", "n_bad_answers", "v_answers"),
     _zero("support", "every supporting_docs id is a doc id of the corpus", "supporting_docs",
           "n_missing_support", "v_missing_support"),
     _between("hops", "hops is an integer in [1, {max_hops}]", "hops", "hops", "v_hops", 1, _param("max_hops")),
-    _between("source", "source is a non-empty string", "source", "source_len", "v_source", lo=1),
+    _between("source", f"source is a non-empty string of at most {MAX_FIELD_CHARS['source']} characters", "source",
+             "source_len", "v_source", lo=1, hi=MAX_FIELD_CHARS["source"]),
 ]
 
 CORPUS_CHECKS = _record_checks("document") + [
-    _between("title", "title is a non-empty string", "title", "title_len", "v_title", lo=1),
-    _between("text", "text is a non-empty string", "text", "text_len", "v_text", lo=1),
+    _between("title", f"title is a non-empty string of at most {MAX_FIELD_CHARS['title']} characters", "title",
+             "title_len", "v_title", lo=1, hi=MAX_FIELD_CHARS["title"]),
+    _between("text", f"text is a non-empty string of at most {MAX_FIELD_CHARS['text']} characters", "text",
+             "text_len", "v_text", lo=1, hi=MAX_FIELD_CHARS["text"]),
 ]
 
 DATASET_CHECKS = [
@@ -329,23 +340,13 @@ def _text_len(obj: dict, key: str) -> int:
 
 
 def _read_lines(path: Path) -> list[tuple[int, Any, str | None]]:
-    """(line number, JSON object or None, parse error or None) for every non-blank line."""
+    """(line number, JSON object or None, problem or None) for every non-blank line, read by the
+    engine's reader (the same UTF-8, size and JSON rules and line numbers as the loaders)."""
     out = []
-    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            out.append((number, None, f"not UTF-8 ({e.reason} at byte {e.start})"))
-            continue
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            out.append((number, None, f"not valid JSON ({e.msg} at column {e.colno})"))
-            continue
-        error = None if isinstance(obj, dict) else f"expected a JSON object, got {type(obj).__name__}"
-        out.append((number, obj if error is None else None, error))
+    for number, obj, error in iter_json_lines(path):
+        if error is None and not isinstance(obj, dict):
+            error = DataError(path, number, None, f"expected a JSON object, got {type(obj).__name__}")
+        out.append((number, None if error else obj, error.message if error else None))
     return out
 
 
@@ -378,7 +379,8 @@ def _qa_columns(obj: dict, corpus_ids: set[str]) -> dict:
     return {
         "question_len": _text_len(obj, "question"), "v_question": _show(obj.get("question", _ABSENT)),
         "n_answers": len(answers) if isinstance(answers, list) else -1,
-        "n_bad_answers": sum(not (isinstance(a, str) and a.strip()) for a in answers) if isinstance(answers, list) else 0,
+        "n_bad_answers": sum(not (isinstance(a, str) and 0 < len(a.strip()) <= MAX_FIELD_CHARS["answers"])
+                             for a in answers) if isinstance(answers, list) else 0,
         "v_answers": _show(answers),
         "n_missing_support": len(missing), "v_missing_support": shown_support,
         # bool is an int subclass; `true` is not a hop count.
@@ -450,14 +452,35 @@ def _dataset_frame(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return frame
 
 
-def validate_dataset(data_dir: str | os.PathLike, max_hops: int = DEFAULT_MAX_HOPS) -> list[ValidationReport]:
-    """The corpus, every split under DIR/qa, and record ids across splits (in that order)."""
+def records_report(data_dir: str | os.PathLike, errors: list[DataError]) -> ValidationReport:
+    """The engine's schema check (``agentr1.data.records.check_dataset``) as a failed report: one
+    row per problem, with its file, line and field."""
+    rows = [{"file": e.path, "line": e.line or 0, "id": "", "field": e.field or "", "value": e.message}
+            for e in errors]
+    failure = {"check": "records", "rule": "the dataset passes the record schema (agentr1 data validate)",
+               "expectation": "(agentr1.data.records.check_dataset)", "column": None,
+               # the field to fix, without an item index (each row keeps its own, e.g. answers[1])
+               "field": (errors[0].field or "(row)").split("[")[0], "observed": f"{len(errors)} problem(s)",
+               "unexpected_count": len(errors), "rows": rows}
+    return ValidationReport("records", False, 0, [failure], str(data_dir), 1)
+
+
+def validate_dataset(data_dir: str | os.PathLike) -> list[ValidationReport]:
+    """The engine's schema check (the verdict of every other entry point) as the ``records``
+    report when it fails, else the GX suites (``suite_reports``), which use the engine's limits."""
+    errors = check_dataset(data_dir)
+    return [records_report(data_dir, errors)] if errors else suite_reports(data_dir)
+
+
+def suite_reports(data_dir: str | os.PathLike) -> list[ValidationReport]:
+    """The GX suites alone: the corpus, every split under DIR/qa, and record ids across splits
+    (in that order)."""
     corpus_report, corpus_ids = _validate_corpus(corpus_path(data_dir))
     reports, frames = [corpus_report], []
     for split in available_splits(data_dir):
         path = split_path(data_dir, split)
         frames.append(_qa_frame(path, corpus_ids))
-        reports.append(_validate("qa_split", frames[-1], str(path), {"max_hops": max_hops}))
+        reports.append(_validate("qa_split", frames[-1], str(path), {"max_hops": MAX_HOPS}))
     source = str(Path(data_dir) / DATASET_SOURCE)
     reports.append(_validate("qa_dataset", _dataset_frame(frames), source, {}))
     return reports

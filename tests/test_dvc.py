@@ -96,9 +96,18 @@ def test_regenerated_data_hashes_to_data_dvc(regenerated, pinned):
     from dvc_data.hashfile.db import HashFileDB
     from dvc_objects.fs.local import LocalFileSystem
 
+    from dvc.ignore import DvcIgnoreFilter
+
+    from agentr1.data.records import MARKER_FILE
+
     fs = LocalFileSystem()
     odb = HashFileDB(fs, str(regenerated.parent / "odb"))
-    _, meta, obj = build(odb, str(regenerated), fs, pinned.get("hash", "md5"), dry_run=True)
+    # Hashed with the repository's .dvcignore, as `dvc add` / `dvc commit` do: it leaves out the
+    # generator's marker, which must not change the pinned hash.
+    assert (regenerated / MARKER_FILE).is_file()
+    shutil.copy2(ROOT / ".dvcignore", regenerated.parent / ".dvcignore")
+    ignore = DvcIgnoreFilter(fs, str(regenerated.parent))
+    _, meta, obj = build(odb, str(regenerated), fs, pinned.get("hash", "md5"), dry_run=True, ignore=ignore)
     assert (meta.nfiles, meta.size) == (pinned["nfiles"], pinned["size"])
     assert obj.hash_info.value == pinned["md5"], (
         "the synthetic generator no longer reproduces data.dvc: if the change is intended, "

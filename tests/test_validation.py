@@ -116,16 +116,24 @@ def test_line_that_is_not_json_is_a_failure_not_a_crash(data_dir):
 
 
 def test_duplicate_ids_within_and_across_splits(data_dir):
-    train = data_dir / "qa" / "train.jsonl"
+    train, dev = data_dir / "qa" / "train.jsonl", data_dir / "qa" / "dev.jsonl"
     first = json.loads(train.read_text().splitlines()[1])["id"]
     edit_line(train, 20, with_(id=first))
-    edit_line(data_dir / "qa" / "dev.jsonl", 4, with_(id=first))
+    edit_line(dev, 4, with_(id=first))
+    # The engine's schema check runs first and its problems are the report (splits are read
+    # in name order: dev, test, train).
     reports = V.validate_dataset(data_dir)
-    f = assert_names(split_report(reports, "train"), "id_unique", train, "id", line=20, value_has=first)
+    assert [r.suite for r in reports] == ["records"]
+    rows = reports[0].failures[0]["rows"]
+    assert [(r["file"], r["line"], r["field"]) for r in rows] == [(str(train), 2, "id"), (str(train), 20, "id")]
+    assert "also in split 'dev'" in rows[0]["value"] and "first on line 2" in rows[1]["value"]
+    assert f"{train}:20" in reports[0].to_markdown()
+    # The GX suites, on the same faults, agree.
+    f = assert_names(V.validate_qa_split(train, _ids(data_dir)), "id_unique", train, "id", line=20, value_has=first)
     assert {r["line"] for r in f["rows"]} == {2, 20}
-    across = reports[-1]
+    across = V.suite_reports(data_dir)[-1]
     assert across.suite == "qa_dataset"
-    assert_names(across, "id_unique_across", data_dir / "qa" / "dev.jsonl", "id", line=4, value_has=first)
+    assert_names(across, "id_unique_across", dev, "id", line=4, value_has=first)
 
 
 def test_corpus_empty_title_and_duplicate_id(data_dir):

@@ -67,10 +67,15 @@ def read_rows(path: str | os.PathLike) -> Iterator[_Row]:
     """Records of a JSON list file or a JSON-lines file."""
     path = str(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = f.read()
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as e:
         raise DataError(path, None, None, f"cannot read: {e.strerror}") from e
+    try:
+        raw = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(path, line, None, f"not UTF-8 text ({e.reason} at byte {e.start + 1} of the file)") from e
     try:
         whole = json.loads(raw)
     except json.JSONDecodeError:
@@ -137,6 +142,8 @@ def _hotpot_layout(row: _Row) -> tuple[list[tuple[str, list[str]]], list[tuple[s
     for i, (title, sentences) in enumerate(paragraphs):
         if not isinstance(title, str) or not isinstance(sentences, list) or not all(isinstance(s, str) for s in sentences):
             raise row.error(f"context[{i}]", "expected a title string and a list of sentence strings")
+        if not title.strip():  # the corpus schema needs a title on every document
+            raise row.error(f"context[{i}]", "empty title")
     return paragraphs, support
 
 
@@ -198,6 +205,8 @@ def _musique_record(row: _Row, pool: _Pool) -> QARecord | None:
             if paragraph.get("is_supporting"):
                 raise row.error(f"paragraphs[{i}].paragraph_text", "a supporting paragraph is empty")
             continue
+        if not title.strip():  # the corpus schema needs a title on every document
+            raise row.error(f"paragraphs[{i}].title", "missing or empty")
         key = pool.add(title, text)
         if paragraph.get("is_supporting") is True and key not in supporting:
             supporting.append(key)

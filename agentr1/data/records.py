@@ -1,15 +1,23 @@
-"""Record formats shared by every data source, and their validating loaders and writer.
+"""Record formats shared by every data source: the one schema, its check, the loaders and the writer.
 
 On disk a dataset is a directory::
 
     DIR/qa/{split}.jsonl   one QARecord per line: {"id", "question", "answers": [..],
                            "supporting_docs": [doc_id, ..], "hops", "source", ...extra}
     DIR/corpus.jsonl       one Document per line: {"id", "title", "text"}
+    DIR/.agentr1-dataset   (only in datasets agentr1 generated) the files it wrote
 
-Every loader rejects a bad row with a ``DataError`` that names the file, the line and the
-field, so a user can fix the row without reading this code. ``write_dataset`` validates
-everything first, writes into a temporary sibling directory and renames it at the end, so a
-failure never leaves a partial dataset behind.
+``check_dataset`` is the one check of that layout: every entry point (the training loader,
+``agentr1 data validate``, the DVC validate stage, the pipeline's validation task before its
+Great Expectations suites, and ``write_dataset`` on what it has just written) asks it and so
+gives the same verdict. Each problem is a ``DataError`` that names the file, the line and the
+field, so a user can fix the row without reading this code.
+
+Generated data never replaces what a user made: ``write_dataset`` writes only into a directory
+that does not exist or that carries the generator's marker (and holds nothing but the files the
+marker lists); it writes into a temporary sibling and renames it at the end, so a failure never
+leaves a partial dataset behind. The marker is listed in ``.dvcignore``, so it does not change
+the hash DVC records for the data.
 """
 from __future__ import annotations
 
@@ -25,8 +33,26 @@ from agentr1.fsutil import atomic_dir
 
 QA_DIR = "qa"
 CORPUS_FILE = "corpus.jsonl"
+MARKER_FILE = ".agentr1-dataset"
+"""Written by ``write_dataset`` with the data: {"generator": "agentr1", "files": [...]}."""
+MARKER_GENERATOR = "agentr1"
 CORE_QA_FIELDS = ("id", "question", "answers", "supporting_docs", "hops", "source")
 DOC_FIELDS = ("id", "title", "text")
+MIN_HOPS = 1
+MAX_HOPS = 4
+"""What the sources make: synthetic 1-3 hops, HotpotQA 2, MuSiQue 2-4."""
+MAX_LINE_BYTES = 1 << 20
+"""A longer line is refused before it is parsed: a 50 MB question once made training try to
+allocate 34 GB. The largest real record (a MuSiQue question with its decomposition) is ~2 KB."""
+MAX_FIELD_CHARS = {"id": 256, "question": 2048, "answers": 1024, "supporting_docs": 256, "source": 256,
+                   "title": 1024, "text": 65536}
+"""Per-field limits (characters; list fields: per item). Real data stays far below them
+(HotpotQA/MuSiQue: questions <= 300, titles <= 80, paragraphs <= 3.5K characters), and the
+question goes whole into every prompt."""
+MAX_ERRORS = 20
+"""A check stops after this many problems: enough to fix a file, bounded on a garbage one."""
+_NOT_GENERATED = (f"agentr1 generates data only into a directory that does not exist or that it made "
+                  f"({MARKER_FILE}), never into this one")
 # Split names become file names; keep them to a safe alphabet.
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -43,6 +69,26 @@ class DataError(ValueError):
         where = self.path if line is None else f"{self.path}:{line}"
         what = message if field is None else f"field '{field}': {message}"
         super().__init__(f"{where}: {what}")
+
+
+class DataErrors(DataError):
+    """Several problems: reads as the first one (``path``, ``line``, ``field``, ``message``);
+    ``errors`` holds them all and ``str()`` lists them, one per line."""
+
+    def __init__(self, errors: list[DataError]):
+        first = errors[0]
+        super().__init__(first.path, first.line, first.field, first.message)
+        self.errors = errors
+        more = f"\n(stopped after {MAX_ERRORS} problems)" if len(errors) >= MAX_ERRORS else ""
+        self.args = ("\n".join(str(e) for e in errors) + more,)
+
+
+def raise_errors(errors: list[DataError]) -> None:
+    """Raise the one error, or ``DataErrors`` for several; nothing when the list is empty."""
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise DataErrors(errors)
 
 
 @dataclass(frozen=True)
@@ -81,7 +127,7 @@ class QARecord:
             question=err.text("question"),
             answers=err.text_list("answers", allow_empty=False),
             supporting_docs=err.text_list("supporting_docs", allow_empty=True),
-            hops=err.positive_int("hops"),
+            hops=err.int_between("hops", MIN_HOPS, MAX_HOPS),
             source=err.text("source"),
             meta=meta,
         )
@@ -103,7 +149,7 @@ class Document:
         if not isinstance(obj, dict):
             raise DataError(path, line, None, f"expected a JSON object, got {type(obj).__name__}")
         err = _Checker(path, line, obj)
-        return cls(id=err.text("id"), title=err.text("title", allow_empty=True), text=err.text("text"))
+        return cls(id=err.text("id"), title=err.text("title"), text=err.text("text"))
 
 
 class _Checker:
@@ -120,13 +166,19 @@ class _Checker:
             raise self.fail(name, "missing")
         return self.obj[name]
 
-    def text(self, name: str, allow_empty: bool = False) -> str:
+    def _bounded(self, name: str, shown: str, value: str) -> str:
+        limit = MAX_FIELD_CHARS[name]
+        if len(value) > limit:
+            raise self.fail(shown, f"{len(value)} characters, more than the limit of {limit}")
+        return value
+
+    def text(self, name: str) -> str:
         value = self.get(name)
         if not isinstance(value, str):
             raise self.fail(name, f"expected a string, got {type(value).__name__}")
-        if not allow_empty and not value.strip():
+        if not value.strip():
             raise self.fail(name, "empty")
-        return value
+        return self._bounded(name, name, value)
 
     def text_list(self, name: str, allow_empty: bool) -> tuple[str, ...]:
         value = self.get(name)
@@ -137,61 +189,132 @@ class _Checker:
         for i, item in enumerate(value):
             if not isinstance(item, str) or not item.strip():
                 raise self.fail(f"{name}[{i}]", f"expected a non-empty string, got {item!r}")
+            self._bounded(name, f"{name}[{i}]", item)
         return tuple(value)
 
-    def positive_int(self, name: str) -> int:
+    def int_between(self, name: str, lo: int, hi: int) -> int:
         value = self.get(name)
         # bool is an int subclass; `true` is not a hop count.
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise self.fail(name, f"expected a positive integer, got {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+            raise self.fail(name, f"expected an integer in [{lo}, {hi}], got {value!r}")
         return value
 
 
 # ---------------------------------------------------------------- reading
 
 
-def _json_lines(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed object) for every non-blank line of a JSON-lines file."""
+def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, Any, DataError | None]]:
+    """``(line number, parsed value, None)`` or ``(line number, None, error)`` for every
+    non-blank line: a line over ``MAX_LINE_BYTES``, not UTF-8 or not JSON is an error of its
+    own (never read whole, never an exception). A file that cannot be opened raises DataError."""
     try:
-        handle = open(path, encoding="utf-8")
+        handle = open(path, "rb")
     except OSError as e:
         raise DataError(path, None, None, f"cannot read: {e.strerror}") from e
     with handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.strip():
+        number = 0
+        while raw := handle.readline(MAX_LINE_BYTES + 1):
+            number += 1
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                size = len(raw)
+                while not raw.endswith(b"\n") and (raw := handle.readline(MAX_LINE_BYTES)):
+                    size += len(raw)  # skip the rest of the line without holding it
+                yield number, None, DataError(path, number, None, f"line of {size} bytes, over the limit of "
+                                                                  f"{MAX_LINE_BYTES} bytes per record")
                 continue
             try:
-                yield number, json.loads(raw)
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield number, None, DataError(path, number, None, f"not UTF-8 text ({e.reason} at byte {e.start + 1} "
+                                                                  f"of the line)")
+                continue
+            if not text.strip():
+                continue
+            try:
+                yield number, json.loads(text), None
             except json.JSONDecodeError as e:
-                raise DataError(path, number, None, f"not valid JSON ({e.msg} at column {e.colno})") from e
+                yield number, None, DataError(path, number, None, f"not valid JSON ({e.msg} at column {e.colno})")
 
 
-def _unique(items: Iterable[tuple[int | None, str]], path: str | os.PathLike, what: str) -> None:
-    """Raise on the second occurrence of an id; items are (line, id)."""
-    first: dict[str, int | None] = {}
-    for line, item_id in items:
-        if item_id in first:
-            raise DataError(path, line, "id", f"duplicate {what} id {item_id!r} (first on line {first[item_id]})")
-        first[item_id] = line
+class _Collect:
+    """Errors found so far; ``full`` once ``MAX_ERRORS`` are in."""
+
+    def __init__(self, limit: int = MAX_ERRORS):
+        self.errors: list[DataError] = []
+        self.limit = limit
+
+    def add(self, err: DataError) -> None:
+        if not self.full:
+            self.errors.append(err)
+
+    @property
+    def full(self) -> bool:
+        return len(self.errors) >= self.limit
+
+    def in_file_order(self) -> list[DataError]:
+        """Files in the order they were read, lines ascending (a file's cross-file checks run last)."""
+        files = list(dict.fromkeys(e.path for e in self.errors))
+        return sorted(self.errors, key=lambda e: (files.index(e.path), e.line or 0))
 
 
-def _qa_rows(path: str | os.PathLike) -> list[tuple[int, QARecord]]:
-    """(line, record) for every row of a QA file; ids must be unique within the file."""
-    rows = [(line, QARecord.from_json(obj, path, line)) for line, obj in _json_lines(path)]
-    _unique(((line, r.id) for line, r in rows), path, "record")
-    return rows
+def _read_rows(path: Path, parse, what: str, errors: _Collect) -> tuple[list[tuple[int, Any]], set[str]]:
+    """``[(line, parsed row)]`` of a JSON-lines file whose rows all pass ``parse(obj, path, line)``,
+    and every string id seen (also on rows that failed, so that references to them are not
+    reported a second time). Problems go to ``errors``; ids must be unique within the file and
+    a file without a single row is an error."""
+    rows: list[tuple[int, Any]] = []
+    ids: dict[str, int] = {}
+    n_lines = 0
+    try:
+        for line, obj, error in iter_json_lines(path):
+            n_lines += 1
+            if errors.full:
+                break
+            if error is not None:
+                errors.add(error)
+                continue
+            rid = obj.get("id") if isinstance(obj, dict) else None
+            if isinstance(rid, str) and rid in ids:
+                errors.add(DataError(path, line, "id", f"duplicate {what} id {rid!r} (first on line {ids[rid]})"))
+                continue
+            if isinstance(rid, str):
+                ids[rid] = line
+            try:
+                rows.append((line, parse(obj, path, line)))
+            except DataError as e:
+                errors.add(e)
+    except DataError as e:  # the file itself cannot be read
+        errors.add(e)
+        return [], set()
+    if n_lines == 0:
+        errors.add(DataError(path, None, None, f"no {what}s (the file is empty)"))
+    return rows, set(ids)
+
+
+def _raise_collected(run) -> Any:
+    errors = _Collect()
+    result = run(errors)
+    raise_errors(errors.in_file_order())
+    return result
+
+
+def _qa_file(path: Path, errors: _Collect) -> list[tuple[int, QARecord]]:
+    return _read_rows(path, QARecord.from_json, "record", errors)[0]
+
+
+def _corpus_file(path: Path, errors: _Collect) -> tuple[list[Document], set[str]]:
+    rows, ids = _read_rows(path, Document.from_json, "document", errors)
+    return [d for _, d in rows], ids
 
 
 def load_qa(path: str | os.PathLike) -> list[QARecord]:
     """QA records of one JSON-lines file, in file order; ids must be unique within the file."""
-    return [r for _, r in _qa_rows(path)]
+    return _raise_collected(lambda errors: [r for _, r in _qa_file(Path(path), errors)])
 
 
 def load_corpus(path: str | os.PathLike) -> list[Document]:
     """Documents of one JSON-lines file, in file order; ids must be unique."""
-    rows = [(line, Document.from_json(obj, path, line)) for line, obj in _json_lines(path)]
-    _unique(((line, d.id) for line, d in rows), path, "document")
-    return [d for _, d in rows]
+    return _raise_collected(lambda errors: _corpus_file(Path(path), errors)[0])
 
 
 def split_path(data_dir: str | os.PathLike, split: str) -> Path:
@@ -208,27 +331,60 @@ def available_splits(data_dir: str | os.PathLike) -> list[str]:
     return sorted(p.stem for p in qa_dir.glob("*.jsonl")) if qa_dir.is_dir() else []
 
 
-def _check_support(rows: list[tuple[int, QARecord]], doc_ids: set[str], path: str | os.PathLike) -> None:
-    for line, record in rows:
-        for i, doc_id in enumerate(record.supporting_docs):
-            if doc_id not in doc_ids:
-                raise DataError(path, line, f"supporting_docs[{i}]", f"doc id {doc_id!r} is not in the corpus")
+def _read_dataset(data_dir: Path, errors: _Collect) -> tuple[dict[str, list[QARecord]], list[Document]]:
+    """Every split and the corpus, checked: rows, ids unique within and across splits, every
+    supporting doc in the corpus, no empty file, at least one split. Problems go to ``errors``."""
+    if not data_dir.is_dir():
+        errors.add(DataError(data_dir, None, None, "no such dataset directory" if not data_dir.exists()
+                             else "not a directory"))
+        return {}, []
+    cpath = corpus_path(data_dir)
+    if cpath.is_file():
+        corpus, doc_ids = _corpus_file(cpath, errors)
+    else:
+        corpus, doc_ids = [], None
+        errors.add(DataError(cpath, None, None, f"missing (every dataset needs its corpus). {_NOT_GENERATED}"))
+    names = available_splits(data_dir)
+    if not names:
+        errors.add(DataError(data_dir / QA_DIR, None, None, f"no QA splits (qa/<split>.jsonl). {_NOT_GENERATED}"))
+    splits: dict[str, list[QARecord]] = {}
+    seen: dict[str, str] = {}  # record id -> split
+    for split in names:
+        path = split_path(data_dir, split)
+        rows = _qa_file(path, errors)
+        for line, record in rows:
+            if record.id in seen:
+                errors.add(DataError(path, line, "id", f"duplicate record id {record.id!r} "
+                                                       f"(also in split {seen[record.id]!r})"))
+            seen.setdefault(record.id, split)
+            for i, doc_id in enumerate(record.supporting_docs):
+                if doc_ids is not None and doc_id not in doc_ids:
+                    errors.add(DataError(path, line, f"supporting_docs[{i}]", f"doc id {doc_id!r} is not in the corpus"))
+        splits[split] = [r for _, r in rows]
+    return splits, corpus
 
 
-def _check_unique_across(rows: list[tuple[int, QARecord]], seen: dict[str, str], split: str, path) -> None:
-    """Record ids must be unique across all splits of a dataset; ``seen`` maps id -> split."""
-    for line, record in rows:
-        if record.id in seen:
-            raise DataError(path, line, "id", f"duplicate record id {record.id!r} (also in split {seen[record.id]!r})")
-        seen[record.id] = split
+def check_dataset(data_dir: str | os.PathLike) -> list[DataError]:
+    """Every problem of a dataset directory (up to ``MAX_ERRORS``); empty when it is valid.
+
+    The one check every entry point uses: see the module docstring."""
+    errors = _Collect()
+    _read_dataset(Path(data_dir), errors)
+    return errors.in_file_order()
+
+
+def load_dataset(data_dir: str | os.PathLike) -> tuple[dict[str, list[QARecord]], list[Document]]:
+    """Every split of a dataset dir plus its corpus, after ``check_dataset``'s checks (raises
+    DataError, or DataErrors listing up to ``MAX_ERRORS`` problems)."""
+    return _raise_collected(lambda errors: _read_dataset(Path(data_dir), errors))
 
 
 def load_split(data_dir: str | os.PathLike, split: str) -> list[QARecord]:
-    """DIR/qa/{split}.jsonl, with every supporting doc id checked against DIR/corpus.jsonl."""
-    path = split_path(data_dir, split)
-    rows = _qa_rows(path)
-    _check_support(rows, {d.id for d in load_corpus_dir(data_dir)}, path)
-    return [r for _, r in rows]
+    """DIR/qa/{split}.jsonl of a dataset that passes ``check_dataset`` as a whole."""
+    splits, _ = load_dataset(data_dir)
+    if split not in splits:
+        raise DataError(split_path(data_dir, split), None, None, f"no such split (the dataset has {sorted(splits)})")
+    return splits[split]
 
 
 def load_corpus_dir(data_dir: str | os.PathLike) -> list[Document]:
@@ -236,19 +392,63 @@ def load_corpus_dir(data_dir: str | os.PathLike) -> list[Document]:
     return load_corpus(corpus_path(data_dir))
 
 
-def load_dataset(data_dir: str | os.PathLike) -> tuple[dict[str, list[QARecord]], list[Document]]:
-    """Every split of a dataset dir plus its corpus; ids unique across splits, support checked."""
-    corpus = load_corpus_dir(data_dir)
-    doc_ids = {d.id for d in corpus}
-    splits: dict[str, list[QARecord]] = {}
-    seen: dict[str, str] = {}
-    for split in available_splits(data_dir):
-        path = split_path(data_dir, split)
-        rows = _qa_rows(path)
-        _check_support(rows, doc_ids, path)
-        _check_unique_across(rows, seen, split, path)
-        splits[split] = [r for _, r in rows]
-    return splits, corpus
+# ---------------------------------------------------------------- generated datasets: the marker
+
+
+def _marked_files(data_dir: Path) -> list[str] | None:
+    """The files the generator wrote into ``data_dir`` (from its marker), None when unmarked."""
+    try:
+        marker = json.loads((data_dir / MARKER_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(marker, dict) or marker.get("generator") != MARKER_GENERATOR:
+        return None
+    files = marker.get("files")
+    return [f for f in files if isinstance(f, str)] if isinstance(files, list) else None
+
+
+def _files_under(data_dir: Path) -> list[str]:
+    return sorted(p.relative_to(data_dir).as_posix() for p in data_dir.rglob("*") if not p.is_dir())
+
+
+def missing_parts(data_dir: str | os.PathLike) -> list[str]:
+    """What a dataset directory lacks to be complete: the files its marker lists, or (unmarked)
+    ``corpus.jsonl`` and at least one ``qa/*.jsonl``."""
+    data_dir = Path(data_dir)
+    marked = _marked_files(data_dir)
+    if marked is not None:
+        return [f for f in marked if not (data_dir / f).is_file()]
+    missing = [] if corpus_path(data_dir).is_file() else [CORPUS_FILE]
+    return missing + ([] if available_splits(data_dir) else [f"{QA_DIR}/<split>.jsonl"])
+
+
+def generation_needed(data_dir: str | os.PathLike) -> bool:
+    """Whether a generator may (re)make ``data_dir``: only when it does not exist, or is an
+    incomplete dataset the generator made (marker). Anything else is left as it is for the
+    loaders to judge, so an incomplete directory of a user's gets the same error, naming what is
+    missing, from every entry point."""
+    data_dir = Path(data_dir)
+    if not data_dir.exists():
+        return True
+    return data_dir.is_dir() and _marked_files(data_dir) is not None and bool(missing_parts(data_dir))
+
+
+def _check_replaceable(target: Path, overwrite: bool) -> None:
+    """Only a directory that is absent, or that the generator made and holds nothing else, is written."""
+    if not target.exists():
+        return
+    if not target.is_dir():
+        raise DataError(target, None, None, "exists and is not a directory: not replaced")
+    marked = _marked_files(target)
+    if marked is None:
+        raise DataError(target, None, None, f"exists and was not generated by agentr1 (no {MARKER_FILE}): not "
+                        "replaced; remove it yourself or choose a directory that does not exist")
+    if not overwrite:
+        raise DataError(target, None, None, "exists: not replaced (overwrite=False)")
+    foreign = [f for f in _files_under(target) if f != MARKER_FILE and f not in marked]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise DataError(target, None, None, f"holds files agentr1 did not write ({shown}): not replaced")
 
 
 # ---------------------------------------------------------------- writing
@@ -264,30 +464,11 @@ def corpus_digest(corpus: Iterable[Document]) -> str:
     return hashlib.sha256(to_jsonl(d.to_json() for d in corpus).encode("utf-8")).hexdigest()
 
 
-def validate_dataset(out_dir: str | os.PathLike, splits: dict[str, list[QARecord]], corpus: list[Document]) -> None:
-    """Everything ``write_dataset`` checks, reported against the files it would write."""
-    cpath = corpus_path(out_dir)
-    if not corpus:
-        raise DataError(cpath, None, None, "the corpus is empty")
-    for line, doc in enumerate(corpus, start=1):
-        Document.from_json(doc.to_json(), cpath, line)
-    _unique(((line, d.id) for line, d in enumerate(corpus, start=1)), cpath, "document")
-    doc_ids = {d.id for d in corpus}
-    seen: dict[str, str] = {}
-    for split, records in splits.items():
-        path = split_path(out_dir, split)
-        if not _SPLIT_NAME.match(split):
-            raise DataError(path, None, None, f"bad split name {split!r} (letters, digits, '_', '-', '.')")
-        rows = list(enumerate(records, start=1))
-        for line, record in rows:
-            QARecord.from_json(record.to_json(), path, line)
-        _check_unique_across(rows, seen, split, path)
-        _check_support(rows, doc_ids, path)
-
-
-def _looks_like_dataset(path: Path) -> bool:
-    """Only a dataset dir (or an empty dir) may be replaced: never clobber unrelated files."""
-    return not any(path.iterdir()) or (path / QA_DIR).is_dir() or (path / CORPUS_FILE).is_file()
+def _moved(err: DataError, tmp: Path, target: Path) -> DataError:
+    """``err`` about a file in the temporary dir, re-addressed to where the file was going."""
+    path = Path(err.path)
+    shown = target / path.relative_to(tmp) if path.is_relative_to(tmp) else path
+    return DataError(shown, err.line, err.field, err.message)
 
 
 def write_dataset(
@@ -296,22 +477,28 @@ def write_dataset(
     corpus: list[Document],
     overwrite: bool = True,
 ) -> None:
-    """Validate, then write DIR/qa/{split}.jsonl and DIR/corpus.jsonl atomically.
+    """Write DIR/qa/{split}.jsonl, DIR/corpus.jsonl and the generator's marker atomically, after
+    the written files pass ``check_dataset`` (errors name the files under ``out_dir``).
 
-    The files are written into a temporary sibling directory that is renamed to ``out_dir``
-    at the end, so an error leaves no partial output. An existing dataset dir is replaced
-    when ``overwrite`` (a directory that does not look like a dataset is never replaced).
+    ``out_dir`` must not exist, or be a dataset this function wrote (marker) holding nothing
+    else, which is then replaced (unless not ``overwrite``); anything else is a DataError and
+    stays untouched. The files are written into a temporary sibling directory that is renamed
+    to ``out_dir`` at the end, so an error leaves no partial output.
     """
     target = Path(out_dir)
-    validate_dataset(target, splits, corpus)
-    if target.exists():
-        if not overwrite or not target.is_dir() or not _looks_like_dataset(target):
-            raise FileExistsError(f"{target}: exists and is not a dataset directory to replace")
+    for split in splits:
+        if not _SPLIT_NAME.match(split):
+            raise DataError(split_path(target, split), None, None,
+                            f"bad split name {split!r} (letters, digits, '_', '-', '.')")
+    _check_replaceable(target, overwrite)
 
     def write(tmp: Path) -> None:
         (tmp / QA_DIR).mkdir()
         for split, records in splits.items():
             split_path(tmp, split).write_text(to_jsonl(r.to_json() for r in records), encoding="utf-8")
         corpus_path(tmp).write_text(to_jsonl(d.to_json() for d in corpus), encoding="utf-8")
+        raise_errors([_moved(e, tmp, target) for e in check_dataset(tmp)])
+        files = [CORPUS_FILE, *(f"{QA_DIR}/{split}.jsonl" for split in splits)]
+        (tmp / MARKER_FILE).write_text(json.dumps({"generator": MARKER_GENERATOR, "files": files}) + "\n")
 
     atomic_dir(target, write)

@@ -473,7 +473,8 @@ def generate(
     hop_weights: Sequence[float] = DEFAULT_HOP_WEIGHTS,
     names: str = DEFAULT_NAMES,
 ) -> tuple[dict[str, list[QARecord]], list[Document]]:
-    """The synthetic dataset for ``seed``: ({"train", "dev", "test"} -> records, corpus).
+    """The synthetic dataset for ``seed``: ({"train", "dev", "test"} -> records, corpus); a
+    split asked for 0 questions is absent.
 
     hop_weights[h-1] is the share of h-hop questions (h = 1..len(hop_weights), at most 3);
     ``names`` picks the name inventory (:data:`NAME_INVENTORIES`).
@@ -496,7 +497,8 @@ def generate(
     for position, key in enumerate(order):
         doc_ids[key] = f"d{position:06d}"
     corpus = [Document(doc_ids[k], world.drafts[k].title, world.drafts[k].text) for k in order]
-    splits = {split: [_to_record(q, doc_ids) for q in qs] for split, qs in questions.items()}
+    # A split with no questions is left out: an empty split file is invalid data.
+    splits = {split: [_to_record(q, doc_ids) for q in qs] for split, qs in questions.items() if qs}
     return splits, corpus
 
 
