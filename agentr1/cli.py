@@ -18,10 +18,12 @@ and append it to ``COMMANDS``; a handler takes the parsed args and returns an ex
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
-from typing import Callable, Sequence, get_args
+from typing import Callable, Iterator, Sequence, get_args
 
 from agentr1.config import ConfigError, SynthConfig
 from agentr1.data.records import DataError
@@ -32,6 +34,27 @@ EXIT_BAD_INPUT = 2
 
 def _print_json(obj: dict) -> None:
     print(json.dumps(obj, ensure_ascii=False, indent=2))
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """While the body runs, whatever would go to stdout goes to stderr, so a command whose
+    stdout is one JSON document (printed after the body) prints nothing else there.
+
+    File descriptor 1 itself is pointed at stderr, not only ``sys.stdout``: log handlers
+    bound to the stdout object (vLLM's), C extensions and child processes that inherit fd 1
+    (DVC, vLLM's engine core) write to the descriptor.
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()  # what handlers holding the stdout object buffered belongs to stderr too
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _parse_weights(text: str) -> tuple[float, ...]:
@@ -168,7 +191,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.override)
     _setup_logging()
     stages = tuple(args.stage) if args.stage else STAGES
-    _print_json(train(cfg, stages=stages))
+    with stdout_to_stderr():
+        summary = train(cfg, stages=stages)
+    _print_json(summary)
     return EXIT_OK
 
 
@@ -181,11 +206,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     overrides = [f"data.dir={args.data}", f"eval.split={args.split}", f"output_dir={args.out}", *args.override]
     cfg = load_config(args.config, overrides)
     _setup_logging()
-    ws = Workspace.build(cfg)
-    if args.split not in ws.splits:
-        raise DataError(str(ws.data_dir / "qa" / f"{args.split}.jsonl"), None, "split", "no such split")
-    model, tokenizer = load_actor_critic(args.checkpoint, device=ws.device)
-    result = run_eval(cfg, ws, model, tokenizer, ChatFormat(tokenizer, ws.tools), tag=args.split)
+    with stdout_to_stderr():
+        ws = Workspace.build(cfg)
+        if args.split not in ws.splits:
+            raise DataError(str(ws.data_dir / "qa" / f"{args.split}.jsonl"), None, "split", "no such split")
+        model, tokenizer = load_actor_critic(args.checkpoint, device=ws.device)
+        result = run_eval(cfg, ws, model, tokenizer, ChatFormat(tokenizer, ws.tools), tag=args.split)
     _print_json(result.metrics)
     return EXIT_OK
 

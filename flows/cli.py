@@ -15,6 +15,7 @@ later ``make ui`` shows it. Prefect is imported only when the command runs, so t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -87,17 +88,30 @@ def summary_lines(kind: str, result: dict) -> list[str]:
             f"({p['reason']})"]
 
 
+def run_flow(args: argparse.Namespace, flow, params):
+    """The flow's final state; under ``--json`` everything it prints goes to stderr, so stdout
+    carries the JSON document alone."""
+    from agentr1.cli import stdout_to_stderr
+
+    with stdout_to_stderr() if args.json else contextlib.nullcontext():
+        return flow(params, return_state=True)
+
+
 def cmd_pipeline(args: argparse.Namespace) -> int:
     server = use_local_server()
     flow, params = flow_params(args)
+    from tasks.registry import RegistrationRefused
     from tasks.validation import ValidationFailed
 
-    state = flow(params, return_state=True)
+    state = run_flow(args, flow, params)
     try:
         result = state.result()
     except ValidationFailed as exc:
         print(f"agentr1: validation failed, nothing was trained or registered:\n{exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except RegistrationRefused as exc:
+        print(f"agentr1: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     return print_outcome(args, server, state, result, summary_lines(args.flow, result))
 
 
@@ -143,7 +157,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     from tasks.validation import ValidationFailed
 
     params = AblationParams(preset=args.preset, overrides=args.override, output_dir=args.output_dir)
-    state = ablation(params, return_state=True)
+    state = run_flow(args, ablation, params)
     try:
         result = state.result()
     except ValidationFailed as exc:

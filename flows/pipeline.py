@@ -90,7 +90,12 @@ def train_candidate(cfg: Config, form: TrainForm, run_id: str, kind: str) -> Can
 
 def challenge_champion(cfg: Config, version: str, scores: dict[str, float], form: PipelineParams,
                        run_id: str) -> Promotion:
-    """Evaluate the current champion on the challenger's split and data, then promote or keep."""
+    """Evaluate the current champion on the challenger's split and data, then promote or keep.
+
+    The evaluation is slow and holds no lock; the move is a compare-and-set
+    (``promote_if_better``) that decides again if another run moved the alias meanwhile, and
+    the decision it returns (what the summary and the run's tags show) is what the registry
+    holds after the move."""
     current = tracking.champion(tracking.MODEL_NAME)
     champion_version, champion_scores = None, None
     if current is not None:

@@ -6,6 +6,10 @@ the challenger is better by ``margin`` on ``metric``. The challenger is register
 (a version that is not the champion), so every trained policy can be found again.
 One MLflow run per flow run in experiment ``agentr1-retrain``.
 
+Two retrain flows may overlap (the nightly schedule and a manual run): the alias moves by
+compare-and-set under the store's lock, so the later move sees the earlier one, and each
+run's summary names the champion the registry held after its own move.
+
     make serve   # deployment "retrain/nightly" runs on its cron schedule (prefect.yaml)
 """
 from __future__ import annotations

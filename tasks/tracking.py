@@ -9,6 +9,13 @@ Store: ``MLFLOW_TRACKING_URI`` when set, else ``sqlite:///mlflow.db`` in the cur
 directory (MLflow 3 refuses the old ``./mlruns`` file store). With a SQLite store the
 artifacts of experiment ``E`` live in ``<db dir>/mlartifacts/E``; with a server, where the
 server puts them.
+
+Several processes may share one SQLite store (two scheduled flows, an ablation's workers): a
+file lock next to the database (``<db>.lock``, :func:`store_lock`) serialises the two steps
+that are not safe to race, MLflow creating the schema on first use and moving the champion
+alias (compare-and-set, in ``tasks.registry``). A run records the process that owns it (pid,
+host), so a run left RUNNING by a process that died (``kill -9``, power loss) is ended KILLED
+the next time a run starts in its experiment.
 """
 from __future__ import annotations
 
@@ -20,11 +27,14 @@ import logging
 import math
 import os
 import re
+import signal
+import socket
 import subprocess
+import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import mlflow
 import pandas as pd
 import yaml
+from filelock import FileLock
 from mlflow import MlflowClient
 from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
@@ -46,6 +57,7 @@ from agentr1.config import Config, config_hash, flatten
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+    from mlflow.entities.model_registry import ModelVersion
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +90,19 @@ TAG_CONFIG_HASH = "config_hash"
 TAG_DATA_HASH = "dvc_data_hash"
 TAG_ROLLOUT_VERSION = "rollout_dataset_version"
 TAG_NONFINITE = "nonfinite"  # prefix: "nonfinite/<metric key>" -> "nan at step 3"
+TAG_DIVERGED = "agentr1.diverged"  # -> why; a run carrying it may not register a model
+TAG_PID = "agentr1.pid"  # the process that owns the run (with its host and start time)
+TAG_HOST = "agentr1.host"
+TAG_PROCESS_STARTED = "agentr1.process_started"  # a pid reused by a later process is not taken for the owner
+TAG_ENDED_BY = "agentr1.ended_by"  # set when someone other than the owner ended the run
+
+LOCK_SUFFIX = ".lock"
+STORE_LOCK_TIMEOUT_S = 600.0  # a holder does milliseconds of SQL; minutes mean something is stuck
 
 CONFIG_ARTIFACT = "config/config.yaml"
 DATASET_SAMPLE_ROWS = 1000  # rows read for a dataset's schema and profile; the digest covers the file
 SYSTEM_METRICS_INTERVAL_S = 10.0
+SEARCH_MAX_RESULTS = 1000  # RUNNING runs looked at per start: far more than ever run at once
 
 # The policy as an MLflow model.
 POLICY_ARTIFACT = "policy"
@@ -108,9 +129,34 @@ def client() -> MlflowClient:
 
 @functools.lru_cache(maxsize=4)
 def _client(uri: str) -> MlflowClient:
-    # Opening a SQLite store checks its schema (seconds the first time): once per URI.
-    with _quiet(".*``noload`` loader strategy is deprecated"):  # MLflow's own SQLAlchemy usage
-        return MlflowClient(tracking_uri=uri)
+    # Opening a SQLite store checks its schema (seconds the first time): once per URI. MLflow
+    # creates the tables of a new database when a store object is first built, and two
+    # processes doing that at once collide ("table assessments already exists"): both stores
+    # (runs and registry; MLflow caches them per URI, its fluent API included) are opened here,
+    # under the store lock.
+    # (The warning hidden is about MLflow's own SQLAlchemy usage.)
+    with _quiet(".*``noload`` loader strategy is deprecated"), store_lock(uri):
+        c = MlflowClient(tracking_uri=uri)
+        c.search_experiments(max_results=1)
+        c.search_registered_models(max_results=1)
+    return c
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI; None for any other store."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+def store_lock(uri: str | None = None) -> AbstractContextManager:
+    """An inter-process lock on the SQLite store at ``uri`` (default :func:`tracking_uri`):
+    the file ``<db>.lock`` beside the database. Re-entrant in one thread; a process that dies
+    holding it releases it (an OS file lock). For a tracking server it is a no-op: the server
+    holds no lock across requests, and callers check what they wrote instead."""
+    db = sqlite_path(uri or tracking_uri())
+    if db is None:
+        return nullcontext()
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(f"{db.resolve()}{LOCK_SUFFIX}", timeout=STORE_LOCK_TIMEOUT_S, is_singleton=True)
 
 
 class _DropMatching(logging.Filter):
@@ -146,10 +192,8 @@ def _quiet(*messages: str, logger: str | None = None) -> Iterator[None]:
 def _artifact_location(uri: str, experiment: str) -> str | None:
     """``<db dir>/mlartifacts/<experiment>`` for a SQLite store (MLflow would default to a
     ``./mlruns`` relative to wherever the process runs); None lets a server decide."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    db = Path(uri.removeprefix("sqlite:///"))
-    return (db.parent / ARTIFACTS_DIR / experiment).resolve().as_uri()
+    db = sqlite_path(uri)
+    return None if db is None else (db.parent / ARTIFACTS_DIR / experiment).resolve().as_uri()
 
 
 def experiment_id(name: str) -> str:
@@ -186,28 +230,140 @@ def start_run(
     system_metrics_interval: float | None = None,
 ) -> Iterator[str]:
     """Create a run in ``experiment`` (a name), yield its id, and end it FINISHED (FAILED on
-    an exception, KILLED on Ctrl-C).
+    an exception, KILLED when interrupted: Ctrl-C, SIGTERM, ``sys.exit``).
 
     ``parent_run_id`` nests the run under that run (works from any thread: no active-run
     state). ``system_metrics_interval`` (seconds) samples CPU/memory/GPU metrics while the
-    run is open; None leaves them off.
+    run is open; None leaves them off. Runs of ``experiment`` left RUNNING by a dead process
+    on this host are ended KILLED first (:func:`end_orphaned_runs`).
     """
     c = client()
+    exp_id = experiment_id(experiment)
+    end_orphaned_runs(experiment)
     run_tags = _tags({MLFLOW_USER: _user(), MLFLOW_GIT_COMMIT: git_commit(), **(tags or {}),
-                      MLFLOW_PARENT_RUN_ID: parent_run_id})
-    run_id = c.create_run(experiment_id(experiment), tags=run_tags, run_name=run_name).info.run_id
+                      **_owner_tags(), MLFLOW_PARENT_RUN_ID: parent_run_id})
+    run_id = c.create_run(exp_id, tags=run_tags, run_name=run_name).info.run_id
     monitor = system_metrics(run_id, system_metrics_interval) if system_metrics_interval else None
     status = RunStatus.to_string(RunStatus.FAILED)
     try:
-        yield run_id
+        with _sigterm_unwinds():
+            yield run_id
         status = RunStatus.to_string(RunStatus.FINISHED)
-    except KeyboardInterrupt:
-        status = RunStatus.to_string(RunStatus.KILLED)
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit, Prefect's TerminationSignal
+            status = RunStatus.to_string(RunStatus.KILLED)
         raise
     finally:
         if monitor is not None:
             monitor.finish()
         c.set_terminated(run_id, status)
+
+
+class Terminated(SystemExit):
+    """Raised in the main thread by SIGTERM while a run is open (exit status 128 + 15)."""
+
+
+def _raise_terminated(signum: int, frame) -> None:
+    raise Terminated(128 + signum)
+
+
+@contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """Make SIGTERM raise :class:`Terminated` in the main thread while the body runs.
+
+    SIGTERM's default action ends the process on the spot, so no ``finally`` runs and the
+    run would stay RUNNING; an exception unwinds through :func:`start_run`, which ends it
+    KILLED. Ctrl-C already raises KeyboardInterrupt. Only when SIGTERM has its default
+    action: Prefect's flow engine installs a handler of its own that raises the same way
+    (``TerminationSignal``), and an ignored SIGTERM stays ignored. A handler can only be set
+    from the main thread; a run opened in a worker thread is ended by the next start's
+    sweep (:func:`end_orphaned_runs`) if the process dies."""
+    mine = (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+    if mine:
+        signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        if mine and signal.getsignal(signal.SIGTERM) is _raise_terminated:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _process_started(pid: int) -> str | None:
+    """When process ``pid`` started (psutil's create time); None without psutil or such a process."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    try:
+        return f"{psutil.Process(pid).create_time():.2f}"
+    except psutil.Error:
+        return None
+
+
+def _owner_tags() -> dict[str, Any]:
+    pid = os.getpid()
+    return {TAG_PID: pid, TAG_HOST: socket.gethostname(), TAG_PROCESS_STARTED: _process_started(pid)}
+
+
+def _process_alive(pid: int, started: str | None) -> bool:
+    """Whether process ``pid`` (on this host) still runs and is the one that started at
+    ``started`` (a zombie, or a new process that got the same pid, is not)."""
+    try:
+        import psutil
+    except ImportError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # someone else's process: it exists
+            pass
+        return True
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or f"{proc.create_time():.2f}" == started
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+def end_orphaned_runs(experiment: str) -> list[str]:
+    """End KILLED the runs of ``experiment`` that are RUNNING although the process on this
+    host that started them is gone (killed with SIGKILL, out of memory, power cut: nothing
+    in the process could end them). Runs of other hosts, and runs without an owner tag, are
+    left alone: nothing here can tell whether they still run. Returns the ids ended."""
+    c = client()
+    host = socket.gethostname()
+    query = f"attributes.status = 'RUNNING' and tags.`{TAG_HOST}` = '{host}'"
+    ended = []
+    for run in c.search_runs([experiment_id(experiment)], query, max_results=SEARCH_MAX_RESULTS):
+        tags = run.data.tags
+        try:
+            pid = int(tags[TAG_PID])
+        except (KeyError, ValueError):
+            continue
+        if _process_alive(pid, tags.get(TAG_PROCESS_STARTED)):
+            continue
+        c.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.KILLED))
+        set_tags(run.info.run_id, {TAG_ENDED_BY: f"a later start: its process {pid} on {host} was gone"})
+        log.warning("run %s (%s) was left RUNNING by process %d, which is gone: ended KILLED",
+                    run.info.run_id, run.info.run_name, pid)
+        ended.append(run.info.run_id)
+    return ended
+
+
+def mark_diverged(run_id: str, reason: str) -> None:
+    """Tag run ``run_id`` as diverged (``reason``: what went non-finite, where); registration
+    refuses a policy from such a run."""
+    set_tags(run_id, {TAG_DIVERGED: reason})
+
+
+def diverged(run_id: str) -> str | None:
+    """Why run ``run_id`` was marked diverged; None when it was not."""
+    return client().get_run(run_id).data.tags.get(TAG_DIVERGED)
 
 
 def _user() -> str:
@@ -439,11 +595,12 @@ def _requirements() -> list[str]:
     return [f"{pkg}=={metadata.version(pkg)}" for pkg in MODEL_REQUIREMENTS]
 
 
-def log_policy_model(run_id: str, model_dir: str | Path, name: str = MODEL_NAME, cfg: Config | None = None) -> str:
+def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str = MODEL_NAME) -> str:
     """Log the Hugging Face policy directory (weights, tokenizer, chat template, value head)
     as a pyfunc :class:`PolicyModel` of run ``run_id``; returns its ``models:/<id>`` URI.
 
-    ``cfg`` gives the prompt the policy was trained with (default: ``Config()``'s). A LoRA
+    ``cfg``, the run's own config, gives the prompt the policy was trained with (no default:
+    a default config's prompt would silently differ from the trained one). A LoRA
     adapter directory is logged as is: its base model must be at the recorded path where
     the model is loaded.
     """
@@ -466,7 +623,7 @@ def log_policy_model(run_id: str, model_dir: str | Path, name: str = MODEL_NAME,
         info = mlflow.models.Model.log(
             artifact_path=None, name=name, flavor=mlflow.pyfunc, run_id=run_id, model_id=logged.model_id,
             python_model=PolicyModel(), artifacts={POLICY_ARTIFACT: str(model_dir)},
-            model_config=prompt_settings(cfg or Config()), pip_requirements=_requirements(),
+            model_config=prompt_settings(cfg), pip_requirements=_requirements(),
             signature=ModelSignature(inputs=Schema([ColSpec("string", "question")]),
                                      outputs=Schema([ColSpec("string")])),
         )
@@ -477,22 +634,31 @@ def log_policy_model(run_id: str, model_dir: str | Path, name: str = MODEL_NAME,
 def register(model_uri: str, name: str = MODEL_NAME) -> str:
     """Register ``model_uri`` as a new version of ``name`` (created if new); returns the version."""
     client()  # point MLflow's global URI at our store first
-    return str(mlflow.register_model(model_uri, name).version)
+    with store_lock():  # the model's creation and the next version number are read-then-write
+        return str(mlflow.register_model(model_uri, name).version)
 
 
 def set_champion(name: str, version: str | int) -> None:
-    """Move the ``champion`` alias of ``name`` to ``version``."""
+    """Move the ``champion`` alias of ``name`` to ``version`` (unconditionally: to move it
+    only when the challenger wins, see ``tasks.registry.promote_if_better``)."""
     client().set_registered_model_alias(name, CHAMPION, str(version))
+
+
+def champion_entry(name: str = MODEL_NAME) -> ModelVersion | None:
+    """The ``ModelVersion`` the ``champion`` alias of ``name`` points at; None when the model
+    or the alias does not exist."""
+    try:
+        return client().get_model_version_by_alias(name, CHAMPION)
+    except MlflowException as exc:
+        if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND", "INVALID_PARAMETER_VALUE"):
+            raise
+        return None
 
 
 def champion(name: str = MODEL_NAME) -> tuple[str, dict[str, float]] | None:
     """``(version, latest metrics of the run that logged it)`` for the ``champion`` alias;
     None when the model or the alias does not exist."""
-    c = client()
-    try:
-        version = c.get_model_version_by_alias(name, CHAMPION)
-    except MlflowException as exc:
-        if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND", "INVALID_PARAMETER_VALUE"):
-            raise
+    version = champion_entry(name)
+    if version is None:
         return None
     return str(version.version), run_metrics(version.run_id) if version.run_id else {}

@@ -68,14 +68,15 @@ def seeded_run(tmp_path: Path, warm_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def champion(warm_dir) -> str:
+def champion(data_dir, warm_dir) -> str:
     """A registered champion (the warm-up policy) when no test has made one yet."""
     current = tracking.champion(tracking.MODEL_NAME)
     if current is not None:
         return current[0]
+    cfg = resolve_config(form(data_dir, warm_dir.parent), "test")  # the warm-up's own config
     with tracking.start_run("agentr1-test", "seed-champion") as run_id:
         tracking.log_metrics(run_id, {"eval/final/greedy/em": 0.0}, step=0)
-        version = tracking.register(tracking.log_policy_model(run_id, warm_dir))
+        version = tracking.register(tracking.log_policy_model(run_id, warm_dir, cfg))
     tracking.set_champion(tracking.MODEL_NAME, version)
     return version
 
@@ -356,6 +357,8 @@ def test_retrain_promotes_a_better_challenger(prefect_api, data_dir, warm_dir, c
     result = retrain(form(data_dir, seeded_run(tmp_path, warm_dir), cls=RetrainParams, margin=-1.0))
     assert result["promotion"]["promoted"] and result["promotion"]["champion_before"] == current
     assert registry_state()[1] == result["registered_version"] != current
+    tags = tracking.client().get_run(result["run_id"]).data.tags
+    assert tags["champion_version"] == result["promotion"]["champion_after"] == registry_state()[1]
     experiment = tracking.client().get_run(result["run_id"]).info.experiment_id
     assert tracking.client().get_experiment(experiment).name == "agentr1-retrain"
 

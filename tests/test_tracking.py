@@ -2,9 +2,13 @@
 MLFLOW_TRACKING_URI at a temp dir). No mocks."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import random
+import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -21,7 +25,7 @@ from mlflow.entities import LoggedModelStatus
 
 from agentr1.config import Config, config_hash, flatten
 from agentr1.data.records import QARecord
-from agentr1.env.qa_env import QAEnv
+from agentr1.trainer import make_env
 from tasks import tracking as tr
 
 EXP = "agentr1-test-tracking"
@@ -81,6 +85,51 @@ def test_run_ends_finished_or_failed_and_carries_git_commit():
 
 def test_git_commit_is_none_outside_a_repo(tmp_path):
     assert tr.git_commit(tmp_path) is None
+
+
+def test_runs_record_the_process_that_owns_them():
+    with tr.start_run(EXP, "owner") as run_id:
+        tags = _run(run_id).data.tags
+    assert tags[tr.TAG_PID] == str(os.getpid()) and tags[tr.TAG_HOST] == socket.gethostname()
+    assert float(tags[tr.TAG_PROCESS_STARTED]) <= time.time()
+
+
+def test_the_sweep_ends_only_runs_whose_process_on_this_host_is_gone():
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: its pid names no process now
+    c = tr.client()
+    exp = tr.experiment_id(EXP)
+
+    def running(tags: dict) -> str:
+        return c.create_run(exp, tags={k: str(v) for k, v in tags.items()}).info.run_id
+
+    here = {tr.TAG_HOST: socket.gethostname()}
+    dead = running({**here, tr.TAG_PID: gone.pid})
+    elsewhere = running({tr.TAG_HOST: "another-host", tr.TAG_PID: gone.pid})
+    untagged = running({})
+    reused = running({**here, tr.TAG_PID: os.getpid(), tr.TAG_PROCESS_STARTED: "1.00"})  # pid now someone else's
+    live = running({**here, tr.TAG_PID: os.getpid(), tr.TAG_PROCESS_STARTED: tr._process_started(os.getpid())})
+    ended = tr.end_orphaned_runs(EXP)
+    assert {dead, reused} <= set(ended) and not {elsewhere, untagged, live} & set(ended)
+    status = {r: _run(r).info.status for r in (dead, elsewhere, untagged, reused, live)}
+    assert status == {dead: "KILLED", elsewhere: "RUNNING", untagged: "RUNNING", reused: "KILLED", live: "RUNNING"}
+    for r in (elsewhere, untagged, live):
+        c.set_terminated(r)
+
+
+def test_diverged_mark_round_trips():
+    with tr.start_run(EXP, "diverged") as run_id:
+        assert tr.diverged(run_id) is None
+        tr.mark_diverged(run_id, "PPO iteration 2: loss nan")
+    assert tr.diverged(run_id) == "PPO iteration 2: loss nan"
+    assert _run(run_id).data.tags[tr.TAG_DIVERGED] == "PPO iteration 2: loss nan"
+
+
+def test_store_lock_is_a_file_beside_the_sqlite_db_and_nothing_for_a_server(tmp_path):
+    lock = tr.store_lock(f"sqlite:///{tmp_path / 'db' / 'mlflow.db'}")
+    with lock, lock:  # re-entrant within a thread
+        assert (tmp_path / "db" / "mlflow.db.lock").exists()
+    assert isinstance(tr.store_lock("http://127.0.0.1:5000"), contextlib.nullcontext)
 
 
 def test_nested_run_created_from_another_thread():
@@ -245,7 +294,7 @@ def policy_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def logged_policy(policy_dir):
     """(run_id, model_uri, seconds to log)."""
-    cfg = Config.model_validate({"env": {"max_turn_tokens": 6}})
+    cfg = Config.model_validate({"env": {"max_turn_tokens": 6, "tools_in_prompt": True}})
     with tr.start_run(EXP, "policy") as run_id:
         tr.log_metrics(run_id, {"eval/em": 0.42}, step=3)
         t0 = time.perf_counter()
@@ -257,7 +306,7 @@ def logged_policy(policy_dir):
 
 def test_user_template_matches_the_environment():
     record = QARecord(id="q", question="Who is X?", answers=("Y",), supporting_docs=(), hops=1, source="t", meta={})
-    assert QAEnv(None).user_prompt(record) == tr.USER_TEMPLATE.format(question=record.question)
+    assert make_env(Config(), search=None).user_prompt(record) == tr.USER_TEMPLATE.format(question=record.question)
 
 
 def test_policy_model_logs_loads_and_predicts(logged_policy):
