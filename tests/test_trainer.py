@@ -16,7 +16,7 @@ TINY = [
     "data.synth.n_train=48", "data.synth.n_dev=4", "data.synth.n_test=12",
     "model.vocab_size=700", "model.hidden_size=32", "model.num_layers=2", "model.num_heads=2",
     "model.num_kv_heads=2", "model.intermediate_size=64",
-    "sft.episodes=48", "sft.steps=4", "sft.batch_size=8", "sft.warmup_steps=1",
+    "sft.episodes=48", "sft.corpus_steps=2", "sft.steps=4", "sft.batch_size=8", "sft.warmup_steps=1",
     "ppo.iterations=4", "ppo.episodes_per_iter=8", "ppo.minibatch_size=4", "ppo.checkpoint_every=1",
     "env.max_turn_tokens=16", "env.max_context_tokens=300", "eval.render_examples=1",
 ]
