@@ -19,28 +19,25 @@ suites run on a dataset that passed it, with the engine's limits (hops, field an
 """
 from __future__ import annotations
 
-import math
 import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from agentr1.data.records import (MAX_FIELD_CHARS, MAX_HOPS, MAX_LINE_BYTES, QA_DIR, DataError, available_splits,
                                   check_dataset, corpus_path, iter_json_lines, split_path)
+from agentr1.rollout import checks as rollout_checks
 
 DEFAULT_MAX_HOPS = MAX_HOPS  # the engine's schema: GX never disagrees with the loaders
 DEFAULT_REWARD_BOUNDS = (-2.0, 3.0)
 SAMPLE_ROWS = 5
 """Failing rows shown per failed expectation."""
 MAX_VALUE_CHARS = 120
-# log_softmax is <= 0 up to float32 rounding.
-LOGPROB_TOL = 1e-4
 MISSING = "<missing>"
 INDEX = "_i"  # positional row index; GX returns it for every failing row
 DATASET_SOURCE = f"{QA_DIR}/*.jsonl"
@@ -191,31 +188,12 @@ DATASET_CHECKS = [
           "ExpectColumnValuesToBeUnique", {"column": "id"}),
 ]
 
-ROLLOUT_CHECKS = [
-    _has_rows("batch"),
-    _zero("lengths", "token_ids, action_mask and rollout_logprobs have the same length",
-          "token_ids/action_mask/rollout_logprobs", "length_mismatch", "v_lengths"),
-    _zero("mask_values", "action_mask holds only 0 and 1", "action_mask", "n_bad_mask_values", "v_mask"),
-    _zero("prompt_masked", "no action token inside the prompt (action_mask[:prompt_len] == 0)", "action_mask",
-          "n_prompt_actions", "v_mask"),
-    _between("has_action", "each episode has at least one action token (action_mask == 1)", "action_mask",
-             "n_action", "v_mask", lo=1),
-    _between("max_length", "sequence length len(token_ids) <= {max_length}", "token_ids", "seq_len", "v_lengths",
-             hi=_param("max_length")),
-    _zero("rewards_finite", "outcome_reward and process_rewards are finite (no NaN / inf)",
-          "outcome_reward/process_rewards", "n_nonfinite_rewards", "v_rewards"),
-    _between("outcome_bounds", "outcome_reward is in [{reward_lo}, {reward_hi}]", "outcome_reward",
-             "outcome_reward", "v_rewards", _param("reward_lo"), _param("reward_hi")),
-    _between("process_low", "every process reward is >= {reward_lo}", "process_rewards", "process_min", "v_rewards",
-             lo=_param("reward_lo")),
-    _between("process_high", "every process reward is <= {reward_hi}", "process_rewards", "process_max",
-             "v_rewards", hi=_param("reward_hi")),
-    _zero("turns", "one process reward per turn (len(process_rewards) == len(turn_ends))", "process_rewards",
-          "turn_mismatch", "v_turns"),
-    _zero("turn_ends", "every turn_ends index points at an action token of the sequence", "turn_ends",
-          "n_bad_turn_ends", "v_turns"),
-    _zero("logprobs", "rollout_logprobs of action tokens are finite and <= 0", "rollout_logprobs",
-          "n_bad_logprobs", "v_logprobs"),
+# The rollout rules are the engine's (agentr1.rollout.checks), which the PPO loop also checks in
+# memory before every update: one definition, run there and here as GX expectations.
+ROLLOUT_CHECKS = [_has_rows("batch")] + [
+    _between(r.name, r.rule, r.field, r.column, r.show,
+             _param(r.lo) if isinstance(r.lo, str) else r.lo, _param(r.hi) if isinstance(r.hi, str) else r.hi)
+    for r in rollout_checks.RULES
 ]
 
 SUITES: dict[str, list[Check]] = {
@@ -326,11 +304,6 @@ def _clip(text: str) -> str:
 def _show(value: Any) -> str:
     """A raw JSON value as a report shows it (repr, so that '' and None stay visible)."""
     return _clip(MISSING if value is _ABSENT else repr(value))
-
-
-def _fmt(values: np.ndarray) -> str:
-    # float32 columns read back as float64: 6 significant digits hide the rounding noise.
-    return "[" + ", ".join(f"{v:.6g}" for v in values.tolist()) + "]"
 
 
 def _text_len(obj: dict, key: str) -> int:
@@ -493,54 +466,12 @@ ROLLOUT_REQUIRED = ("record_id", "token_ids", "action_mask", "rollout_logprobs",
                     "process_rewards", "outcome_reward")
 
 
-def _floats(values: list | None) -> np.ndarray:
-    return np.asarray([math.nan if v is None else v for v in values or []], dtype=np.float64)
-
-
-def _ints(values: list | None) -> np.ndarray:
-    # A null inside a list is not a valid mask value: -1 makes it fail the 0/1 check.
-    return np.asarray([-1 if v is None else v for v in values or []], dtype=np.int64)
-
-
-def _episode_columns(r: dict) -> dict:
-    """Helper and display columns of one episode (row of the rollout table)."""
-    tok, mask, lp = r["token_ids"] or [], _ints(r["action_mask"]), _floats(r["rollout_logprobs"])
-    ends, proc = _ints(r["turn_ends"]), _floats(r["process_rewards"])
-    prompt_len = int(r["prompt_len"] or 0)
-    outcome = math.nan if r["outcome_reward"] is None else float(r["outcome_reward"])
-    rewards = np.append(proc, outcome)
-    finite = proc[np.isfinite(proc)]
-    n = len(tok)
-    # Turn ends must land inside the sequence, on a sampled token (where the reward goes).
-    inside = ends[(ends >= prompt_len) & (ends < min(n, len(mask)))]
-    n_bad_ends = len(ends) - len(inside) + int(np.sum(mask[inside] != 1))
-    acting = np.flatnonzero(mask[: len(lp)] == 1)
-    bad_lp = acting[~(np.isfinite(lp[acting]) & (lp[acting] <= LOGPROB_TOL))]
-    return {
-        "length_mismatch": max(abs(len(mask) - n), abs(len(lp) - n)), "seq_len": n,
-        "v_lengths": f"token_ids={n}, action_mask={len(mask)}, rollout_logprobs={len(lp)}",
-        "n_bad_mask_values": int(np.sum((mask != 0) & (mask != 1))),
-        "n_prompt_actions": int(np.sum(mask[:prompt_len] != 0)), "n_action": int(np.sum(mask == 1)),
-        "v_mask": f"prompt_len={prompt_len}, action tokens={int(np.sum(mask == 1))}, "
-                  f"values={sorted(set(mask.tolist()))}",
-        "n_nonfinite_rewards": int(np.sum(~np.isfinite(rewards))),
-        "outcome_reward": outcome,
-        "process_min": float(finite.min()) if len(finite) else math.nan,
-        "process_max": float(finite.max()) if len(finite) else math.nan,
-        "v_rewards": _clip(f"outcome={outcome:.6g}, process={_fmt(proc)}"),
-        "turn_mismatch": abs(len(proc) - len(ends)), "n_bad_turn_ends": n_bad_ends,
-        "v_turns": _clip(f"prompt_len={prompt_len}, turn_ends={ends.tolist()}, process_rewards={len(proc)}"),
-        "n_bad_logprobs": len(bad_lp),
-        "v_logprobs": _clip(", ".join(f"position {j}: {lp[j]:.6g}" for j in bad_lp.tolist())),
-    }
-
-
 def _rollout_frame(table: pa.Table, source: str) -> pd.DataFrame:
     rows = []
     for i, r in enumerate(table.select(list(ROLLOUT_REQUIRED)).to_pylist()):
-        rows.append({INDEX: i, "file": source, "row": i, "rid": r["record_id"] or "", **_episode_columns(r)})
+        rows.append({INDEX: i, "file": source, "row": i, "rid": r["record_id"] or "", **rollout_checks.episode_columns(r)})
     # Columns named explicitly so that an empty batch still has them (and fails only has_rows).
-    columns = [INDEX, "file", "row", "rid", *_episode_columns(dict.fromkeys(ROLLOUT_REQUIRED))]
+    columns = [INDEX, "file", "row", "rid", *rollout_checks.episode_columns({})]
     return pd.DataFrame.from_records(rows, columns=columns)
 
 
