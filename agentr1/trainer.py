@@ -459,27 +459,30 @@ class PPOSession:
         self._t_rollout = time.time() - t0
         return trajs
 
-    def check(self, trajs: list[Trajectory]) -> None:
-        """Refuse to learn from a batch that breaks a rollout rule (agentr1.rollout.checks);
-        non-finite sampling log-probs mean the policy itself has diverged."""
-        where = f"PPO iteration {self.iteration + 1}"
+    def check_sampling(self, trajs: list[Trajectory]) -> None:
+        """Non-finite sampling log-probs mean the policy itself has diverged."""
         bad = sum(1 for t in trajs for lp, m in zip(t.rollout_logprobs, t.action_mask) if m and not math.isfinite(lp))
         if bad:
-            raise TrainingDiverged(f"{where}: the policy sampled {bad} tokens with non-finite log-probs: "
-                                   "its weights have diverged (nothing was learnt from the batch)")
+            raise TrainingDiverged(f"PPO iteration {self.iteration + 1}: the policy sampled {bad} tokens with "
+                                   "non-finite log-probs: its weights have diverged (nothing was learnt from the batch)")
+
+    def check(self, trajs: list[Trajectory]) -> None:
+        """Refuse to learn from a batch that breaks a rollout rule (agentr1.rollout.checks)."""
         if self.cfg.ppo.check_rollouts:
             try:
                 check_batch(trajs, self.cfg.env.max_context_tokens, self.reward_bounds)
             except RolloutBatchError as e:
-                raise RolloutBatchError(f"{where}: {e}") from None
+                raise RolloutBatchError(f"PPO iteration {self.iteration + 1}: {e}") from None
 
     def iterate(self, before_update: BatchHook | None = None) -> dict[str, float]:
-        """One iteration: collect -> check -> ``before_update(trajs, iteration)`` (the Prefect
-        task stores and validates the batch there) -> update. Returns its metrics."""
+        """One iteration: collect -> ``before_update(trajs, iteration)`` (the Prefect task stores
+        the batch and validates it with Great Expectations there, for its report) -> check ->
+        update. Returns its metrics."""
         trajs = self.collect()
-        self.check(trajs)
+        self.check_sampling(trajs)
         if before_update is not None:
             before_update(trajs, self.iteration + 1)
+        self.check(trajs)
         return self.update(trajs)
 
     def update(self, trajs: list[Trajectory]) -> dict[str, float]:

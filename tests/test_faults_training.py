@@ -120,6 +120,50 @@ def test_a_huge_learning_rate_exits_non_zero_and_keeps_only_finite_checkpoints(d
     assert all(torch.isfinite(t).all() for t in warm_weights.values())
 
 
+# ----------------------------------------------------------------------------- rollout batches
+
+
+def test_the_batch_check_names_each_broken_rule_and_episode():
+    from test_store import make_trajectories
+
+    from agentr1.rollout.checks import RolloutBatchError, check_batch
+
+    good = make_trajectories()
+    check_batch(good, max_length=64, reward_bounds=(-2.0, 2.0))
+    bad = make_trajectories()
+    bad[0].outcome_reward = math.nan
+    bad[1].action_mask = bad[1].action_mask[:-1]
+    with pytest.raises(RolloutBatchError) as info:
+        check_batch(bad, max_length=64, reward_bounds=(-2.0, 2.0))
+    msg = str(info.value)
+    assert "episode 0 (train-00001): outcome_reward and process_rewards are finite" in msg
+    assert "episode 1 (train-00002): token_ids, action_mask and rollout_logprobs have the same length" in msg
+    with pytest.raises(RolloutBatchError, match="<= 8"):
+        check_batch(good, max_length=8, reward_bounds=(-2.0, 2.0))
+    with pytest.raises(RolloutBatchError, match="empty"):
+        check_batch([], max_length=64, reward_bounds=(-2.0, 2.0))
+
+
+@pytest.mark.slow
+def test_a_corrupt_batch_stops_agentr1_train_before_its_update(data_dir, warm, tmp_path, monkeypatch, capsys):
+    from agentr1.trainer import PPOSession
+
+    collect = PPOSession.collect
+
+    def corrupted(self):
+        trajs = collect(self)
+        trajs[1].process_rewards[0] = 1e6
+        return trajs
+
+    monkeypatch.setattr(PPOSession, "collect", corrupted)
+    out = run_with_warmup(warm, tmp_path / "run")
+    code = main(["train", "--config", "conf/train.yaml", "--stage", "ppo",
+                 *sum((["-o", o] for o in overrides(data_dir, out, "ppo.iterations=2")), [])])
+    assert code == EXIT_TRAINING_FAILED
+    assert "PPO iteration 1: 1 rollout rule violation" in capsys.readouterr().err
+    assert not (out / "checkpoints").exists() and not (out / "final").exists()
+
+
 # ----------------------------------------------------------------------------- run directories
 
 
