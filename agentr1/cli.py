@@ -11,7 +11,8 @@
     agentr1 ablate [--preset quick] [-o key=value ...] [--output-dir DIR]   (the ablation flow)
 
 Results go to stdout as JSON; bad input exits with status 2 and a message on stderr naming
-the file, line and field (and writes nothing). To add a command, write a
+the file, line and field (and writes nothing); training that diverges (or makes a rollout batch
+that breaks a rule) exits with status 3, its last good checkpoint kept. To add a command, write a
 ``_add_<name>(subparsers)`` function that registers a subparser with ``set_defaults(func=...)``
 and append it to ``COMMANDS``; a handler takes the parsed args and returns an exit status.
 """
@@ -30,6 +31,8 @@ from agentr1.data.records import DataError
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
+EXIT_TRAINING_FAILED = 3
+"""Training diverged or produced a rollout batch that broke a rule; nothing was saved from it."""
 
 
 def _print_json(obj: dict) -> None:
@@ -186,19 +189,24 @@ def _setup_logging() -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from agentr1.config import load_config
-    from agentr1.trainer import STAGES, train
+    from agentr1.trainer import STAGES, RolloutBatchError, TrainingDiverged, train
 
     cfg = load_config(args.config, args.override)
     _setup_logging()
     stages = tuple(args.stage) if args.stage else STAGES
-    with stdout_to_stderr():
-        summary = train(cfg, stages=stages)
+    try:
+        with stdout_to_stderr():
+            summary = train(cfg, stages=stages)
+    except (TrainingDiverged, RolloutBatchError) as e:  # the last good checkpoint is on disk
+        print(f"agentr1: error: training stopped: {e}", file=sys.stderr)
+        return EXIT_TRAINING_FAILED
     _print_json(summary)
     return EXIT_OK
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from agentr1.config import load_config
+    from agentr1.rundir import claim_run_dir
     from agentr1.trainer import Workspace, run_eval
     from models.chat import ChatFormat
     from models.policy import load_actor_critic
@@ -208,6 +216,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     _setup_logging()
     with stdout_to_stderr():
         ws = Workspace.build(cfg)
+        claim_run_dir(args.out)  # eval_<split>.json never overwrites a file agentr1 did not write
         if args.split not in ws.splits:
             raise DataError(str(ws.data_dir / "qa" / f"{args.split}.jsonl"), None, "split", "no such split")
         model, tokenizer = load_actor_critic(args.checkpoint, device=ws.device)

@@ -21,6 +21,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from agentr1.config import Config
+from agentr1.rl.guard import TrainingDiverged
 from tasks import tracking
 from tasks.data import DataVersion, prepare_data, validate_data
 from tasks.params import PipelineParams, TrainForm, resolve_config
@@ -77,12 +78,17 @@ def train_ppo(cfg: Config, run_id: str, kind: str) -> list[IterationResult]:
 
 
 def train_candidate(cfg: Config, form: TrainForm, run_id: str, kind: str) -> Candidate:
-    """Data -> validation -> warm-up -> PPO -> final policy, each stage evaluated."""
+    """Data -> validation -> warm-up -> PPO -> final policy, each stage evaluated. A run that
+    diverges is tagged so (``tracking.TAG_DIVERGED``) and fails: nothing of it is registered."""
     data = prepare_data(cfg, form.data, run_id)
     validate_data(data)
-    warm_dir = warm_up(cfg, run_id)
-    before = evaluate_policy(cfg, warm_dir, "warmup", run_id=run_id)
-    iterations = train_ppo(cfg, run_id, kind)
+    try:
+        warm_dir = warm_up(cfg, run_id)
+        before = evaluate_policy(cfg, warm_dir, "warmup", run_id=run_id)
+        iterations = train_ppo(cfg, run_id, kind)
+    except TrainingDiverged as e:
+        tracking.mark_diverged(run_id, str(e))
+        raise
     final_dir = save_final_policy(cfg, run_id)
     after = evaluate_policy(cfg, final_dir, "final", run_id=run_id)
     return Candidate(cfg.output_dir, data, final_dir, before, after, iterations)
