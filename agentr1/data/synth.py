@@ -31,6 +31,7 @@ from typing import Sequence
 import Stemmer
 from bm25s.stopwords import STOPWORDS_EN
 
+from agentr1.config import SynthConfig
 from agentr1.data.records import Document, QARecord
 
 SOURCE = "synthetic"
@@ -177,7 +178,8 @@ NAME_INVENTORIES: dict[str, NameInventory] = {
         syllables_per_word=3,
         single_word=True),
 }
-DEFAULT_NAMES = "rich"
+DEFAULT_NAMES = SynthConfig.model_fields["names"].default
+"""The config's default (the default run's inventory): one source for it."""
 SUFFIXES: dict[str, tuple[str, ...]] = {
     "company": ("Group", "Works", "Labs", "Studios", "Holdings", "Systems"),
     "university": ("University", "Institute", "College", "Academy"),
