@@ -30,7 +30,8 @@ from tqdm.auto import tqdm
 
 from agentr1 import checkpoint as ckpt
 from agentr1.config import Config
-from agentr1.data.records import QARecord, generation_needed, load_corpus_dir, load_dataset, write_dataset
+from agentr1.data.records import (DataError, QARecord, generation_needed, load_corpus_dir, load_dataset, split_path,
+                                  write_dataset)
 from agentr1.env.agents import ExpertNoise, NoisyExpertAgent, run_episodes
 from agentr1.env.protocol import tool_call_scaffold
 from agentr1.env.qa_env import EnvSettings, QAEnv
@@ -56,7 +57,6 @@ FINAL_DIR = "final"
 LAST_DIR = Path("checkpoints") / "last"
 
 MetricsFn = Callable[[dict[str, float], int], None]
-SPLITS = ("train", "dev", "test")
 
 
 def seed_everything(seed: int) -> None:
@@ -100,6 +100,14 @@ class Workspace:
     def tools(self) -> list[dict] | None:
         """Tool schemas for the chat template, or None when the prompt leaves them out."""
         return self.env.tools if self.cfg.env.tools_in_prompt else None
+
+    def split(self, name: str) -> list[QARecord]:
+        """The records of split ``name``; a :class:`DataError` naming the missing file when the
+        dataset has no such split (a converted dataset may hold only ``dev``)."""
+        if name not in self.splits:
+            raise DataError(split_path(self.data_dir, name), None, None,
+                            f"no {name} split (the dataset has {sorted(self.splits)})")
+        return self.splits[name]
 
     @property
     def system_prompt(self) -> str | None:
@@ -166,7 +174,7 @@ def expert_transcripts(ws: Workspace, n: int, seed: int):
     e = ws.cfg.sft.expert
     agent = NoisyExpertAgent(ExpertNoise(stop_short_3hop=e.stop_short_3hop, distractor=e.distractor,
                                          malformed=e.malformed, seed=seed))
-    train = ws.splits["train"]
+    train = ws.split("train")
     records = [train[i % len(train)] for i in range(n)]
     return records, run_episodes(ws.env, agent, records)
 
@@ -240,7 +248,7 @@ def corpus_rows(ws: Workspace, tokenizer, block: int) -> torch.Tensor:
     Dev and test questions' documents are left out: the model learns to read and copy from
     text, never the facts it will be asked about.
     """
-    wanted = {d for r in ws.splits["train"] for d in r.supporting_docs}
+    wanted = {d for r in ws.split("train") for d in r.supporting_docs}
     texts = [d.text for d in load_corpus_dir(ws.data_dir) if d.id in wanted]
     docs = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return pack_documents(docs, block, tokenizer.eos_token_id)
@@ -450,7 +458,7 @@ class PPOSession:
     def collect(self) -> list[Trajectory]:
         """Rollouts of the current policy for this iteration's questions."""
         p = self.cfg.ppo
-        records, groups = iteration_records(self.ws.splits["train"], p.episodes_per_iter // p.group_size,
+        records, groups = iteration_records(self.ws.split("train"), p.episodes_per_iter // p.group_size,
                                             p.group_size, self.cfg.seed, self.iteration)
         self.model.eval()
         t0 = time.time()
@@ -580,7 +588,7 @@ def run_eval(cfg: Config, ws: Workspace, model, tokenizer, chat, tag: str, split
     """Evaluate greedy and sampled on a split; writes eval_{tag}.json and trajectories_{tag}.txt.
     ``engine`` replaces the default one (e.g. the naive-RAG baseline's, in agentr1.ablation)."""
     split = split or cfg.eval.split
-    records = ws.splits[split][: cfg.eval.max_examples] if cfg.eval.max_examples else ws.splits[split]
+    records = ws.split(split)[: cfg.eval.max_examples] if cfg.eval.max_examples else ws.split(split)
     engine = engine or make_engine(cfg, ws.env, model, tokenizer, chat, ws.device)
     temp = cfg.eval.sampled_temperature or cfg.rollout.temperature
     result = evaluate(engine, records, seed=cfg.seed + 12_345, sampled_temperature=temp,
@@ -664,6 +672,9 @@ def train(cfg: Config, log_metrics: MetricsFn | None = None, stages: tuple[str, 
     if unknown:
         raise ValueError(f"unknown stage(s) {sorted(unknown)}; choose from {STAGES}")
     ws = Workspace.build(cfg)  # the data is checked before anything is written
+    if {"warmup", "ppo"} & set(stages):
+        ws.split("train")
+    ws.split(cfg.eval.split)
     claim_run_dir(cfg.output_dir)
     seconds: dict[str, float] = {}
     summary: dict = {}

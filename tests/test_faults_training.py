@@ -179,6 +179,18 @@ def test_a_foreign_directory_with_run_outputs_is_refused_and_left_alone(data_dir
     assert (foreign / "final" / "notes.txt").read_text() == "precious"
 
 
+def test_training_without_a_train_split_is_refused_before_any_write(data_dir, tmp_path, capsys):
+    import shutil
+
+    data = Path(shutil.copytree(data_dir, tmp_path / "data"))
+    (data / "qa" / "train.jsonl").unlink()  # a dev-only dataset of the user's validates, but cannot train
+    (data / ".agentr1-dataset").unlink()  # (with the generator's marker, the generator would complete it)
+    out = tmp_path / "run"
+    assert main(["train", "--config", "conf/train.yaml", *sum((["-o", o] for o in overrides(data, out)), [])]) == 2
+    assert "train.jsonl: no train split" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_a_directory_without_run_outputs_becomes_ours(tmp_path):
     d = tmp_path / "dvc"
     d.mkdir()
