@@ -57,7 +57,30 @@ def run_name(kind: str) -> str:
 
 
 def run_tags() -> dict[str, str | None]:
-    return {"prefect_flow_run_id": flow_run.get_id(), "prefect_flow_run": flow_run.get_name()}
+    return {tracking.TAG_PREFECT_FLOW_RUN: flow_run.get_id(), "prefect_flow_run": flow_run.get_name()}
+
+
+def crash_orphaned_flow_runs(experiment: str) -> list[str]:
+    """Set Crashed the Prefect flow runs still Running whose process was killed (kill -9, out of
+    memory: nothing in it could report): :func:`tasks.tracking.start_run` has just found their
+    MLflow runs orphaned on this host (process gone) and ended them KILLED. Returns their ids.
+    (A deployment's runs can also be watched by Prefect's own heartbeat automation.)"""
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+    from prefect.states import Crashed
+
+    crashed = []
+    with get_client(sync_client=True) as client:
+        for fid in tracking.flow_runs_of_orphaned_runs(experiment):
+            try:
+                state = client.read_flow_run(fid).state
+            except (ObjectNotFound, ValueError):  # another Prefect server's run, or not an id
+                continue
+            if state is not None and state.is_running():
+                client.set_flow_run_state(fid, Crashed(message="its process was killed; found by a later run"),
+                                          force=True)
+                crashed.append(fid)
+    return crashed
 
 
 def train_ppo(cfg: Config, run_id: str, kind: str) -> list[IterationResult]:
@@ -131,6 +154,7 @@ def run_training_flow(kind: str, form: PipelineParams) -> dict:
     cfg = resolve_config(form, kind)
     with tracking.start_run(tracking.EXPERIMENTS[kind], run_name(kind), tags=run_tags(),
                             system_metrics_interval=SYSTEM_METRICS_INTERVAL_S) as run_id:
+        crash_orphaned_flow_runs(tracking.EXPERIMENTS[kind])
         tracking.log_config(run_id, cfg)
         cand = train_candidate(cfg, form, run_id, kind)
         version = register_policy(cfg, cand.final_dir, run_id)

@@ -95,6 +95,7 @@ TAG_PID = "agentr1.pid"  # the process that owns the run (with its host and star
 TAG_HOST = "agentr1.host"
 TAG_PROCESS_STARTED = "agentr1.process_started"  # a pid reused by a later process is not taken for the owner
 TAG_ENDED_BY = "agentr1.ended_by"  # set when someone other than the owner ended the run
+TAG_PREFECT_FLOW_RUN = "prefect_flow_run_id"  # the Prefect flow run a flow's MLflow run belongs to
 
 LOCK_SUFFIX = ".lock"
 STORE_LOCK_TIMEOUT_S = 600.0  # a holder does milliseconds of SQL; minutes mean something is stuck
@@ -353,6 +354,17 @@ def end_orphaned_runs(experiment: str) -> list[str]:
                     run.info.run_id, run.info.run_name, pid)
         ended.append(run.info.run_id)
     return ended
+
+
+def flow_runs_of_orphaned_runs(experiment: str, limit: int = 50) -> list[str]:
+    """The Prefect flow runs (``TAG_PREFECT_FLOW_RUN``) of the most recent runs of ``experiment``
+    that :func:`end_orphaned_runs` ended: their flow runs died with their process too, and
+    Prefect still shows them Running (``flows.pipeline.crash_orphaned_flow_runs`` ends them)."""
+    query = (f"attributes.status = 'KILLED' and tags.`{TAG_ENDED_BY}` LIKE '%' "
+             f"and tags.`{TAG_PREFECT_FLOW_RUN}` LIKE '%'")
+    runs = client().search_runs([experiment_id(experiment)], query, max_results=limit,
+                                order_by=["attributes.start_time DESC"])
+    return [r.data.tags[TAG_PREFECT_FLOW_RUN] for r in runs]
 
 
 def mark_diverged(run_id: str, reason: str) -> None:

@@ -326,3 +326,51 @@ def test_a_diverged_one_iteration_pipeline_fails_tagged_and_registers_nothing(pr
     runs = tracking.client().search_runs([tracking.experiment_id(tracking.EXPERIMENTS["pipeline"])],
                                          order_by=["attributes.start_time DESC"], max_results=1)
     assert "PPO iteration 1" in runs[0].data.tags[tracking.TAG_DIVERGED]
+
+
+# ----------------------------------------------------------------------------- leftovers of a kill -9
+
+DOOMED_FLOW = """
+import time
+from prefect import flow
+from prefect.runtime import flow_run
+from tasks import tracking
+
+@flow(name="pipeline")
+def doomed():
+    with tracking.start_run(tracking.EXPERIMENTS["pipeline"], "doomed",
+                            tags={tracking.TAG_PREFECT_FLOW_RUN: flow_run.get_id()}) as run_id:
+        print("IDS", run_id, flow_run.get_id(), flush=True)
+        time.sleep(600)
+
+doomed()
+"""
+
+
+def test_a_killed_flow_runs_mlflow_and_prefect_runs_are_ended_at_the_next_start(prefect_api, tmp_path):
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.pipeline import crash_orphaned_flow_runs
+    from tasks import tracking
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    proc = subprocess.Popen([sys.executable, "-c", DOOMED_FLOW], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        line = next(line for line in proc.stdout if line.startswith("IDS "))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    _, run_id, flow_run_id = line.split()
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(flow_run_id).state.is_running()  # what kill -9 leaves behind
+    assert tracking.client().get_run(run_id).info.status == "RUNNING"
+
+    # The next start of a flow of that kind: its start_run sweeps MLflow, then Prefect.
+    with tracking.start_run(tracking.EXPERIMENTS["pipeline"], "next"):
+        assert flow_run_id in crash_orphaned_flow_runs(tracking.EXPERIMENTS["pipeline"])
+    assert tracking.client().get_run(run_id).info.status == "KILLED"
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(flow_run_id).state.is_crashed()
+    assert crash_orphaned_flow_runs(tracking.EXPERIMENTS["pipeline"]) == []  # once only
