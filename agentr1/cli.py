@@ -7,6 +7,7 @@
     agentr1 search --data DIR [--k 5] "query"
     agentr1 train --config conf/train.yaml [-o key=value ...]
     agentr1 evaluate --checkpoint DIR --data DIR --split test [--config FILE] [-o key=value ...]
+    agentr1 ask --model champion|<version>|<dir> [--json] [--corpus FILE] [--temperature T --seed N] "question" ...
     agentr1 pipeline [--flow pipeline|retrain|evaluate] [--preset train] [-o key=value ...]   (Prefect flows)
     agentr1 ablate [--preset quick] [-o key=value ...] [--output-dir DIR]   (the ablation flow)
 
@@ -249,6 +250,83 @@ def _add_evaluate(subparsers: argparse._SubParsersAction) -> None:
     ev.set_defaults(func=cmd_evaluate)
 
 
+# ---------------------------------------------------------------- ask
+
+
+def _load_agent(args: argparse.Namespace):
+    """``(label, answer)``: ``answer(questions, temperature, seed) -> list[dict]`` of the model
+    ``args.model`` names: a registered reference, a logged MLflow model directory (with its
+    ``MLmodel`` file) or a policy directory (whose run config is ``--config`` + ``-o``)."""
+    from pathlib import Path
+
+    path = Path(args.model)
+    if path.is_dir() and not (path / "MLmodel").is_file():
+        from agentr1.agent import Agent
+        from agentr1.config import load_config
+        from agentr1.data.records import corpus_path
+
+        cfg = load_config(args.config, args.override)
+        agent = Agent(cfg, path, args.corpus or corpus_path(cfg.data.dir))
+        return str(path), agent.answer
+    import mlflow
+    import pandas as pd
+
+    if path.is_dir():
+        uri = str(path)
+    else:
+        from tasks.registry import model_uri
+
+        uri = model_uri(args.model)
+    model = mlflow.pyfunc.load_model(uri, model_config={"corpus": args.corpus} if args.corpus else None)
+
+    def answer(questions: list[str], temperature: float, seed: int) -> list[dict]:
+        params = {"temperature": temperature, "seed": seed}
+        return model.predict(pd.DataFrame({"question": questions}), params=params)
+
+    return uri, answer
+
+
+def _print_transcript(result: dict) -> None:
+    print(f"Q: {result['question']}")
+    for part in result["transcript"]:
+        print(f"  [{part['role']}] {part['text'].strip()}")
+    print(f"A: {result['answer']}   ({result['turns']} turns, {len(result['tool_calls'])} searches, "
+          f"ended by {result['finish']})\n")
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    from agentr1.agent import check_request
+
+    try:
+        check_request(args.question, args.temperature)  # before seconds of loading
+        with stdout_to_stderr():
+            label, answer = _load_agent(args)
+            results = answer(args.question, args.temperature, args.seed)
+    except (LookupError, ValueError, FileNotFoundError) as e:
+        print(f"agentr1: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.json:
+        _print_json({"model": label, "results": results})
+    else:
+        for result in results:
+            _print_transcript(result)
+    return EXIT_OK
+
+
+def _add_ask(subparsers: argparse._SubParsersAction) -> None:
+    ask = subparsers.add_parser("ask", help="the trained agent answers questions (searches, then answers)")
+    ask.add_argument("--model", default="champion",
+                     help="champion (default) or another alias, a registered version number, a models:/ URI, a "
+                          "logged MLflow model directory, or a policy directory (then --config says its run)")
+    ask.add_argument("--corpus", default=None, help="search this corpus.jsonl instead of the model's own")
+    ask.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
+    ask.add_argument("--seed", type=int, default=0, help="sampling seed (with --temperature > 0)")
+    ask.add_argument("--json", action="store_true", help="print one JSON document (for scripts)")
+    _add_config_args(ask, "conf/train.yaml")
+    ask.add_argument("question", nargs="+")
+    ask.set_defaults(func=cmd_ask)
+
+
 def _add_pipeline(subparsers: argparse._SubParsersAction) -> None:
     # The Prefect flows live in flows/ (this package never imports Prefect); flows.cli
     # imports Prefect only when the command runs.
@@ -265,7 +343,8 @@ def _add_ablate(subparsers: argparse._SubParsersAction) -> None:
 
 # ---------------------------------------------------------------- entry point
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_data, _add_search, _add_train, _add_evaluate]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_data, _add_search, _add_train, _add_evaluate,
+                                                                _add_ask]
 COMMANDS.append(_add_pipeline)
 COMMANDS.append(_add_ablate)
 

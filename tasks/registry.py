@@ -88,6 +88,13 @@ def resolve_version(ref: str) -> tuple[str, str]:
     return name, str(found.version)
 
 
+def model_uri(ref: str) -> str:
+    """``models:/<name>/<version>`` of a registered model reference (an alias is resolved now,
+    so the caller loads the version the alias names at this moment)."""
+    name, version = resolve_version(ref)
+    return f"{MODELS_URI}{name}/{version}"
+
+
 def policy_dir_of(download: Path) -> Path:
     """The Hugging Face policy directory inside a downloaded pyfunc model."""
     found = sorted(p.parent for p in download.rglob("config.json") if (p.parent / "value_head.safetensors").exists())

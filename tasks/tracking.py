@@ -105,12 +105,14 @@ DATASET_SAMPLE_ROWS = 1000  # rows read for a dataset's schema and profile; the 
 SYSTEM_METRICS_INTERVAL_S = 10.0
 SEARCH_MAX_RESULTS = 1000  # RUNNING runs looked at per start: far more than ever run at once
 
-# The policy as an MLflow model.
+# The agent as an MLflow model (models-from-code: this file is the model).
+AGENT_MODEL_CODE = Path(__file__).with_name("agent_model.py")
 POLICY_ARTIFACT = "policy"
-PREDICT_BATCH = 16
-MODEL_REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "pandas", "mlflow")
+CORPUS_ARTIFACT = "corpus"
+AGENT_SECTIONS = ("seed", "env", "reward", "rollout")  # the config an episode depends on
+MODEL_REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "pandas", "mlflow", "pydantic",
+                      "bm25s", "PyStemmer", "scipy", "numpy")
 ADAPTER_CONFIG_FILE = "adapter_config.json"  # models.policy's name for it (not imported: torch)
-USER_TEMPLATE = "Question: {question}"  # mirrors QAEnv.user_prompt (tests check they agree)
 
 
 # -- store -----------------------------------------------------------------------------------
@@ -550,94 +552,60 @@ def log_dataset(
     client().log_inputs(run_id, [DatasetInput(entity, tags)])
 
 
-# -- the policy model ----------------------------------------------------------------------------
-class PolicyModel(mlflow.pyfunc.PythonModel):
-    """The trained policy as a pyfunc: ``predict(DataFrame["question"]) -> list[str]``, the
-    policy's greedy first assistant turn (a tool call or an answer) for each question.
-
-    Only the first turn: answering needs the search tool and its corpus, which the model
-    does not carry. The prompt (system text, tool schemas, token budget) is the training
-    one, stored in ``model_config`` when logged.
-    """
-
-    def load_context(self, context) -> None:
-        # Heavy imports here: the tracking module itself must not pull in torch.
-        from models.chat import ChatFormat
-        from models.policy import load_actor_critic
-
-        cfg = context.model_config
-        self.model, self.tokenizer = load_actor_critic(context.artifacts[POLICY_ARTIFACT])
-        self.chat = ChatFormat(self.tokenizer, cfg.get("tools"))
-        self.system = cfg.get("system_prompt")
-        self.max_new_tokens = int(cfg["max_new_tokens"])
-
-    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list[str]:
-        from agentr1.rollout.backend import HFBackend, SamplingSpec
-
-        if "question" not in model_input:
-            raise ValueError(f"predict: input needs a 'question' column, got {list(model_input.columns)}")
-        backend = HFBackend(self.model.policy, self.chat.pad_token_id)
-        spec = SamplingSpec(self.max_new_tokens, tuple(self.chat.stop_token_ids), temperature=0.0)
-        prompts = [self.chat.prompt_ids(self.system, USER_TEMPLATE.format(question=q))
-                   for q in model_input["question"].astype(str)]
-        texts: list[str] = []
-        for i in range(0, len(prompts), PREDICT_BATCH):
-            batch = prompts[i: i + PREDICT_BATCH]
-            for gen in backend.generate(batch, spec, seeds=[0] * len(batch)):  # greedy: seeds unused
-                ids = gen.token_ids[:-1] if self.chat.is_closed(gen.token_ids) else gen.token_ids
-                texts.append(self.tokenizer.decode(ids, skip_special_tokens=False))
-        return texts
-
-
-def prompt_settings(cfg: Config) -> dict[str, Any]:
-    """The training prompt as the policy model's ``model_config``: system text (None: no
-    system turn), tool schemas (None: left out) and the per-turn token budget."""
-    from agentr1.trainer import make_env  # the environment owns the default system prompt
-
-    env = make_env(cfg, search=None)
-    return {"system_prompt": env.system_prompt() or None,
-            "tools": env.tools if cfg.env.tools_in_prompt else None,
-            "max_new_tokens": cfg.env.max_turn_tokens}
+# -- the agent model -----------------------------------------------------------------------------
+def agent_config(cfg: Config) -> dict[str, Any]:
+    """The agent model's ``model_config`` (``tasks/agent_model.py``): the sections of the run's
+    own config that shape an episode (prompt, environment, reward, rollout engine), and the
+    load-time options, unset. A default ``Config()`` here would silently differ from the
+    trained prompt, hence no default."""
+    sections = {k: v for k, v in cfg.model_dump(mode="json").items() if k in AGENT_SECTIONS}
+    return {"config": sections, "corpus": None, "device": None}
 
 
 def _requirements() -> list[str]:
-    """Pinned versions of what ``PolicyModel`` imports, read locally (MLflow's inference
+    """Pinned versions of what the agent model imports, read locally (MLflow's inference
     would load the model in a subprocess). The project itself (``models``, ``agentr1``,
     ``tasks``) must be installed where the model is loaded."""
     return [f"{pkg}=={metadata.version(pkg)}" for pkg in MODEL_REQUIREMENTS]
 
 
-def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str = MODEL_NAME) -> str:
-    """Log the Hugging Face policy directory (weights, tokenizer, chat template, value head)
-    as a pyfunc :class:`PolicyModel` of run ``run_id``; returns its ``models:/<id>`` URI.
+def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str = MODEL_NAME,
+                     corpus: str | Path | None = None) -> str:
+    """Log the agent of run ``run_id`` as a pyfunc model (``tasks/agent_model.py``, from code):
+    the Hugging Face policy directory (weights, tokenizer, chat template, value head) and the
+    corpus its search tool reads (default: ``corpus.jsonl`` of ``cfg.data.dir``) as artifacts,
+    and ``cfg``'s episode settings (:func:`agent_config`); returns its ``models:/<id>`` URI.
 
-    ``cfg``, the run's own config, gives the prompt the policy was trained with (no default:
-    a default config's prompt would silently differ from the trained one). A LoRA
-    adapter directory is logged as is: its base model must be at the recorded path where
-    the model is loaded.
+    ``cfg`` is the run's own config. A LoRA adapter directory is logged as is: its base model
+    must be at the recorded path where the model is loaded.
     """
     from mlflow.models.signature import ModelSignature
-    from mlflow.types import ColSpec, Schema
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    from agentr1.data.records import corpus_path
 
     model_dir = Path(model_dir)
     if not any((model_dir / f).is_file() for f in ("config.json", ADAPTER_CONFIG_FILE)):
         raise FileNotFoundError(f"{model_dir}: not a Hugging Face model directory "
                                 f"(no config.json or {ADAPTER_CONFIG_FILE})")
+    corpus = Path(corpus) if corpus is not None else corpus_path(cfg.data.dir)
+    if not corpus.is_file():
+        raise FileNotFoundError(f"{corpus}: the corpus the agent searches is missing")
     c = client()
     # Created here, not by Model.log: that would file it under the process's "current"
     # experiment rather than the run's.
     logged = c.create_logged_model(c.get_run(run_id).info.experiment_id, name=name, source_run_id=run_id)
     # The explicit signature replaces the input example MLflow asks for (an example would be
-    # checked by loading the whole policy once more). The pickle MLflow warns about holds only
-    # a reference to the importable class PolicyModel, no state.
-    with _quiet(".*An input example was not provided", ".*Passing a Python object as `python_model`",
-                logger="mlflow.pyfunc"):
+    # checked by loading the whole agent once more).
+    signature = ModelSignature(inputs=Schema([ColSpec("string", "question")]),
+                               params=ParamSchema([ParamSpec("temperature", "double", 0.0),
+                                                   ParamSpec("seed", "long", 0)]))
+    with _quiet(".*An input example was not provided", logger="mlflow.pyfunc"):
         info = mlflow.models.Model.log(
             artifact_path=None, name=name, flavor=mlflow.pyfunc, run_id=run_id, model_id=logged.model_id,
-            python_model=PolicyModel(), artifacts={POLICY_ARTIFACT: str(model_dir)},
-            model_config=prompt_settings(cfg), pip_requirements=_requirements(),
-            signature=ModelSignature(inputs=Schema([ColSpec("string", "question")]),
-                                     outputs=Schema([ColSpec("string")])),
+            python_model=str(AGENT_MODEL_CODE),
+            artifacts={POLICY_ARTIFACT: str(model_dir), CORPUS_ARTIFACT: str(corpus)},
+            model_config=agent_config(cfg), pip_requirements=_requirements(), signature=signature,
         )
     return info.model_uri
 

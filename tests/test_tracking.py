@@ -24,8 +24,6 @@ import yaml
 from mlflow.entities import LoggedModelStatus
 
 from agentr1.config import Config, config_hash, flatten
-from agentr1.data.records import QARecord
-from agentr1.trainer import make_env
 from tasks import tracking as tr
 
 EXP = "agentr1-test-tracking"
@@ -292,24 +290,23 @@ def policy_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def logged_policy(policy_dir):
+def logged_policy(policy_dir, tmp_path_factory):
     """(run_id, model_uri, seconds to log)."""
-    cfg = Config.model_validate({"env": {"max_turn_tokens": 6, "tools_in_prompt": True}})
+    corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "d1", "title": "Kelmora", "text": "Kelmora was directed by Amberlin."}) + "\n")
+    cfg = Config.model_validate({"env": {"max_turn_tokens": 6, "max_turns": 2, "tools_in_prompt": True}})
     with tr.start_run(EXP, "policy") as run_id:
         tr.log_metrics(run_id, {"eval/em": 0.42}, step=3)
         t0 = time.perf_counter()
-        uri = tr.log_policy_model(run_id, policy_dir, cfg=cfg)
+        uri = tr.log_policy_model(run_id, policy_dir, cfg=cfg, corpus=corpus)
         seconds = time.perf_counter() - t0
     print(f"log_policy_model: {seconds:.2f}s")
     return run_id, uri, seconds
 
 
-def test_user_template_matches_the_environment():
-    record = QARecord(id="q", question="Who is X?", answers=("Y",), supporting_docs=(), hops=1, source="t", meta={})
-    assert make_env(Config(), search=None).user_prompt(record) == tr.USER_TEMPLATE.format(question=record.question)
-
-
 def test_policy_model_logs_loads_and_predicts(logged_policy):
+    """The logged agent loads from code and plays whole episodes (tests/test_agent_model.py
+    covers episodes, serving and input errors)."""
     run_id, uri, _ = logged_policy
     assert uri.startswith("models:/")
     t0 = time.perf_counter()
@@ -317,17 +314,25 @@ def test_policy_model_logs_loads_and_predicts(logged_policy):
     questions = pd.DataFrame({"question": ["Who directed Kelmora?", "Where was Amberlin born?", "?"]})
     out = model.predict(questions)
     print(f"load_model + predict: {time.perf_counter() - t0:.2f}s")
-    assert isinstance(out, list) and len(out) == 3 and all(isinstance(t, str) and t for t in out)
+    assert [r["question"] for r in out] == list(questions["question"])
+    assert all(1 <= r["turns"] <= 2 and r["finish"] in {"answer", "max_turns", "context"} for r in out)
     assert model.predict(questions) == out  # greedy: deterministic
-    assert model.model_config["max_new_tokens"] == 6
-    assert model.model_config["tools"][0]["function"]["name"] == "search"
+    assert model.model_config["config"]["env"]["max_turn_tokens"] == 6
+    assert model.model_config["config"]["env"]["tools_in_prompt"] is True
     logged = tr.client().get_logged_model(uri.removeprefix("models:/"))
     stored = Path(logged.artifact_location.removeprefix("file://"))
     files = {p.name for p in stored.rglob("*") if p.is_file()}
     assert {"config.json", "model.safetensors", "value_head.safetensors", "tokenizer.json", "chat_template.jinja",
-            "python_model.pkl", "MLmodel"} <= files
+            "corpus.jsonl", "agent_model.py", "MLmodel"} <= files
+    assert not any(name.endswith(".pkl") for name in files)  # models-from-code: nothing to unpickle
     assert logged.source_run_id == run_id and logged.status == LoggedModelStatus.READY
     assert logged.experiment_id == tr.experiment_id(EXP)
+
+
+def test_logging_needs_the_corpus(policy_dir, tmp_path):
+    cfg = Config.model_validate({"data": {"dir": str(tmp_path / "nowhere")}})
+    with tr.start_run(EXP, "no-corpus") as run_id, pytest.raises(FileNotFoundError, match="corpus"):
+        tr.log_policy_model(run_id, policy_dir, cfg=cfg)
 
 
 def test_register_and_champion_alias(logged_policy):

@@ -1,0 +1,110 @@
+"""The trained agent answering questions: a policy, its search tool over a corpus, and the
+rollout engine, built from a run's own config with the same functions training uses
+(``trainer.make_env`` / ``make_engine``), so an answer here is an episode of evaluation.
+
+``Agent.answer`` plays full multi-turn episodes, batched, and returns per question a plain,
+JSON-ready dict (the MLflow model in ``tasks/agent_model.py`` and ``agentr1 ask`` both return it)::
+
+    {"question": str, "answer": str | None, "tool_calls": [{"query": str, "result": str | None}],
+     "turns": int, "finish": "answer" | "max_turns" | "context",
+     "transcript": [{"role": "assistant" | "tool", "text": str}]}
+
+A tool call's ``result`` is None when the episode ended on that turn (the policy never saw it).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agentr1.config import Config
+from agentr1.data.records import MAX_FIELD_CHARS, QARecord
+from agentr1.env.protocol import parse_turn
+
+if TYPE_CHECKING:
+    from agentr1.rollout.engine import Trajectory
+
+BATCH = 16
+"""Questions per rollout call: the scoring server's largest request in the issue's load test."""
+MAX_QUESTION_CHARS = MAX_FIELD_CHARS["question"]
+"""The dataset loader's own limit for a question (``agentr1.data.records``): no training
+question was longer, and a longer one would mostly fill the context before the first turn."""
+SOURCE = "ask"  # the QARecord source of a question asked here
+
+
+def check_questions(questions: Sequence[object]) -> list[str]:
+    """The questions as strings; ValueError naming the first bad row (0-based) otherwise:
+    not a string, empty or blank, or over :data:`MAX_QUESTION_CHARS` characters."""
+    if len(questions) == 0:
+        raise ValueError("no questions given")
+    out = []
+    for row, q in enumerate(questions):
+        if not isinstance(q, str):
+            raise ValueError(f"row {row}: field 'question' must be a string, got {type(q).__name__} ({q!r:.40})")
+        if not q.strip():
+            raise ValueError(f"row {row}: field 'question' is empty")
+        if len(q) > MAX_QUESTION_CHARS:
+            raise ValueError(f"row {row}: field 'question' has {len(q)} characters; at most "
+                             f"{MAX_QUESTION_CHARS} are accepted")
+        out.append(q)
+    return out
+
+
+def check_request(questions: Sequence[object], temperature: float) -> list[str]:
+    """:func:`check_questions`, and a temperature that is a number >= 0 (0: greedy)."""
+    if not temperature >= 0:  # also refuses NaN
+        raise ValueError(f"temperature must be a number >= 0, got {temperature}")
+    return check_questions(questions)
+
+
+def transcript(question: str, traj: Trajectory, max_query_chars: int) -> dict:
+    """The JSON-ready result of one episode (module docstring). Turns are parsed again with the
+    environment's own parser and limit, so answer and calls are what the environment saw."""
+    calls, answer, shown = [], None, []
+    for k, text in enumerate(traj.turn_texts):
+        observation = traj.observations[k] if k < len(traj.observations) else None
+        shown.append({"role": "assistant", "text": text})
+        if observation is not None:
+            shown.append({"role": "tool", "text": observation})
+        turn = parse_turn(text, max_query_chars)
+        if turn.kind == "tool_call":
+            calls.append({"query": turn.query, "result": observation})
+        elif turn.kind == "answer":
+            answer = turn.answer
+    return {"question": question, "answer": answer, "tool_calls": calls, "turns": len(traj.turn_texts),
+            "finish": traj.finish, "transcript": shown}
+
+
+class Agent:
+    """A policy directory + a corpus file, acting with the settings of ``cfg`` (the run's own:
+    prompt, environment, reward, rollout engine). ``device`` None: ``cfg.device``."""
+
+    def __init__(self, cfg: Config, policy_dir: str | Path, corpus_file: str | Path, device: str | None = None):
+        # Heavy imports here: this module is imported by the CLI's parser.
+        from agentr1.data.records import load_corpus
+        from agentr1.env.search import SearchIndex
+        from agentr1.trainer import Workspace, make_engine, make_env, resolve_device
+        from models.chat import ChatFormat
+        from models.policy import load_actor_critic
+
+        cfg = cfg.model_copy(update={"device": device}) if device else cfg
+        corpus_file = Path(corpus_file)
+        env = make_env(cfg, SearchIndex.build(load_corpus(corpus_file)))
+        # A Workspace without splits: the one place that says which tools the prompt shows.
+        ws = Workspace(cfg, corpus_file.parent, {}, env, resolve_device(cfg))
+        model, self.tokenizer = load_actor_critic(policy_dir, device=ws.device)
+        self.cfg = cfg
+        self.engine = make_engine(cfg, env, model, self.tokenizer, ChatFormat(self.tokenizer, ws.tools), ws.device)
+
+    def answer(self, questions: Sequence[object], temperature: float = 0.0, seed: int = 0) -> list[dict]:
+        """One episode per question, :data:`BATCH` at a time; greedy at ``temperature`` 0.
+        ValueError (naming the row) for a bad question, before anything runs."""
+        questions = check_request(questions, temperature)
+        records = [QARecord(id=str(i), question=q, answers=(), supporting_docs=(), hops=1, source=SOURCE)
+                   for i, q in enumerate(questions)]
+        out = []
+        for start in range(0, len(records), BATCH):
+            chunk = records[start: start + BATCH]
+            for r, traj in zip(chunk, self.engine.run(chunk, seed=seed + start, temperature=temperature)):
+                out.append(transcript(r.question, traj, self.cfg.env.max_query_chars))
+        return out

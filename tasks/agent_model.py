@@ -1,0 +1,58 @@
+"""The trained agent as an MLflow pyfunc, logged as *models-from-code*: MLflow stores this
+file with the model and runs it when loading, so loading a registered model unpickles nothing.
+
+``tracking.log_policy_model`` logs it with the policy directory and the corpus its search
+tool reads as artifacts, and the run's own settings as ``model_config`` (``tracking.agent_config``):
+
+- ``config``: the run's ``seed``, ``env``, ``reward`` and ``rollout`` sections;
+- ``corpus``: None (the logged corpus), or another ``corpus.jsonl`` of the same format,
+  given at load time: ``mlflow.pyfunc.load_model(uri, model_config={"corpus": path})``, or
+  for ``mlflow models serve`` through ``MLFLOW_PYFUNC_INFERENCE_CONFIG='{"corpus": path}'``;
+- ``device``: None (the config's, ``auto``), ``cpu`` or ``cuda``.
+
+``predict(DataFrame with a "question" column, params={"temperature": 0.0, "seed": 0})``
+returns one ``agentr1.agent`` result dict per question (answer, tool calls with results,
+turns, finish). A bad input is an ``MlflowException`` with ``INVALID_PARAMETER_VALUE``, which
+MLflow's scoring server answers with HTTP 400.
+
+The project (``agentr1``, ``models``, ``tasks``) must be installed where the model is loaded.
+"""
+from __future__ import annotations
+
+import mlflow
+import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+from agentr1.agent import check_request
+from tasks.tracking import CORPUS_ARTIFACT, POLICY_ARTIFACT
+
+QUESTION = "question"
+
+
+class AgentModel(mlflow.pyfunc.PythonModel):
+    """See the module docstring."""
+
+    def load_context(self, context) -> None:
+        from agentr1.agent import Agent
+        from agentr1.config import Config
+
+        conf = context.model_config
+        corpus = conf.get("corpus") or context.artifacts[CORPUS_ARTIFACT]
+        self.agent = Agent(Config.model_validate(conf["config"]), context.artifacts[POLICY_ARTIFACT], corpus,
+                           device=conf.get("device"))
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list[dict]:
+        params = params or {}
+        if not isinstance(model_input, pd.DataFrame) or QUESTION not in model_input.columns:
+            got = list(model_input.columns) if isinstance(model_input, pd.DataFrame) else type(model_input).__name__
+            raise MlflowException(f"input needs a {QUESTION!r} column, got {got}", INVALID_PARAMETER_VALUE)
+        try:  # a bad question or parameter is the caller's error (4xx), not the server's
+            temperature, seed = float(params.get("temperature", 0.0)), int(params.get("seed", 0))
+            questions = check_request(model_input[QUESTION].tolist(), temperature)
+        except (TypeError, ValueError) as exc:
+            raise MlflowException(str(exc), INVALID_PARAMETER_VALUE) from None
+        return self.agent.answer(questions, temperature=temperature, seed=seed)
+
+
+mlflow.models.set_model(AgentModel())

@@ -1,0 +1,232 @@
+"""The logged agent: models-from-code, full multi-turn episodes in predict, MLflow's own
+scoring server, input validation (4xx, not a crash), another corpus at load time, and
+``agentr1 ask``. A tiny random policy keeps this fast: its answers are rarely right, so the
+checks compare with the environment's own episode of the same question instead."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+from mlflow.exceptions import MlflowException
+
+from agentr1.agent import MAX_QUESTION_CHARS, transcript
+from agentr1.cli import main
+from agentr1.config import load_config
+from agentr1.data.records import corpus_path, load_dataset
+from agentr1.env.rewards import exact_match
+from agentr1.rollout.engine import Trajectory
+from agentr1.trainer import ensure_data
+from tasks import tracking
+
+TINY = ["data.synth.n_train=24", "data.synth.n_dev=2", "data.synth.n_test=8", "env.max_turns=2",
+        "env.max_turn_tokens=8", "env.max_context_tokens=300", "rollout.backend=hf", "device=cpu"]
+SERVER_START_S = 120
+STOP_S = 20
+QUESTIONS = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _venv_env() -> dict[str, str]:
+    """This environment with the interpreter's bin directory first on PATH: MLflow's server
+    starts ``uvicorn`` by name, as an activated virtualenv would find it."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """End the server's whole process group (MLflow's CLI, its shell, uvicorn and the worker)."""
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=STOP_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict:
+    """A tiny dataset, the run config and a random policy whose tokenizer knows its words."""
+    from models.policy import ModelSpec, build_policy, save_actor_critic
+    from models.tokenizer import build_tokenizer
+
+    root = tmp_path_factory.mktemp("agent")
+    cfg = load_config("conf/train.yaml", [f"data.dir={root / 'data'}", *TINY])
+    ensure_data(cfg)
+    splits, corpus = load_dataset(cfg.data.dir)
+    tok = build_tokenizer([f"{d.title}\n{d.text}" for d in corpus] + [r.question for r in splits["train"]],
+                          vocab_size=400)
+    policy = build_policy(ModelSpec(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32),
+                          tok)
+    return {"cfg": cfg, "test": splits["test"], "corpus": corpus,
+            "policy": save_actor_critic(policy, tok, root / "policy")}
+
+
+@pytest.fixture(scope="module")
+def registered(world) -> str:
+    """``models:/<unique name>/1``: the agent logged and registered."""
+    name = f"agentr1-agent-test-{uuid.uuid4().hex[:6]}"
+    with tracking.start_run("agentr1-test", "agent") as run_id:
+        uri = tracking.log_policy_model(run_id, world["policy"], world["cfg"])
+    return f"models:/{name}/{tracking.register(uri, name)}"
+
+
+@pytest.fixture(scope="module")
+def model(registered):
+    return mlflow.pyfunc.load_model(registered)
+
+
+def _questions(world, n: int = QUESTIONS) -> list[str]:
+    return [r.question for r in world["test"][:n]]
+
+
+def test_transcript_pairs_each_call_with_its_result_and_reads_the_answer():
+    traj = Trajectory("q", [], [], [], 0, finish="answer",
+                      turn_texts=['<tool_call>{"name": "search", "arguments": {"query": "Kelmora"}}</tool_call>',
+                                  "no tags", "<answer>Drastin Vole</answer>"],
+                      observations=["Doc 1 (Kelmora): born in Vole.", "Error: no tool call or answer"])
+    out = transcript("Who?", traj, max_query_chars=200)
+    assert out["tool_calls"] == [{"query": "Kelmora", "result": "Doc 1 (Kelmora): born in Vole."}]
+    assert out["answer"] == "Drastin Vole" and exact_match(out["answer"], ["drastin vole"]) == 1.0
+    assert out["turns"] == 3 and out["finish"] == "answer"
+    assert [p["role"] for p in out["transcript"]] == ["assistant", "tool", "assistant", "tool", "assistant"]
+
+
+def test_the_model_is_code_plus_artifacts_with_the_runs_settings(registered, world):
+    local = Path(mlflow.artifacts.download_artifacts(registered))
+    files = {p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()}
+    assert "agent_model.py" in {Path(f).name for f in files}  # the model is this code file
+    assert not any(f.endswith(".pkl") for f in files), "loading must unpickle nothing"
+    assert "artifacts/corpus.jsonl" in files
+    assert any(f.startswith("artifacts/") and f.endswith("/value_head.safetensors") for f in files)
+    conf = mlflow.models.Model.load(local).flavors["python_function"]["config"]  # the logged model_config
+    assert conf["config"]["env"] == world["cfg"].env.model_dump(mode="json")
+    assert conf["config"]["rollout"]["backend"] == "hf" and conf["corpus"] is None
+
+
+def test_predict_plays_the_environments_episodes(model, world):
+    from agentr1.agent import Agent
+
+    questions = _questions(world)
+    out = model.predict(pd.DataFrame({"question": questions}))
+    assert [r["question"] for r in out] == questions
+    assert model.predict(pd.DataFrame({"question": questions})) == out  # greedy: deterministic
+    max_turns = world["cfg"].env.max_turns
+    for r in out:
+        assert 1 <= r["turns"] <= max_turns and r["finish"] in {"answer", "max_turns", "context"}
+        assert (r["answer"] is not None) == (r["finish"] == "answer")
+    # The environment's own greedy episodes of the same records (gold answers known) score
+    # what the model answered exactly as the scorer scores it.
+    agent = model.unwrap_python_model().agent
+    trajs = agent.engine.run(world["test"][:QUESTIONS], seed=0, temperature=0.0)
+    for r, t, rec in zip(out, trajs, world["test"]):
+        assert exact_match(r["answer"], rec.answers) == t.metrics["em"]
+        assert r["turns"] == t.metrics["turns"] and len(r["tool_calls"]) == t.metrics["n_calls"]
+    assert isinstance(agent, Agent)
+
+
+def test_sampling_is_an_option_and_reproducible(model, world):
+    frame = pd.DataFrame({"question": _questions(world)})
+    a = model.predict(frame, params={"temperature": 1.0, "seed": 7})
+    assert model.predict(frame, params={"temperature": 1.0, "seed": 7}) == a
+
+
+@pytest.mark.parametrize("frame, says", [
+    (pd.DataFrame({"query": ["Who?"]}), "question"),
+    (pd.DataFrame({"question": ["Who?", "  "]}), "row 1"),
+    (pd.DataFrame({"question": ["x" * 100_000]}), str(MAX_QUESTION_CHARS)),
+])
+def test_bad_input_is_an_invalid_parameter_error(model, frame, says):
+    with pytest.raises(MlflowException) as err:
+        model.predict(frame)
+    assert err.value.error_code == "INVALID_PARAMETER_VALUE" and says in err.value.message
+
+
+def test_negative_temperature_is_refused(model, world):
+    with pytest.raises(MlflowException, match="temperature"):
+        model.predict(pd.DataFrame({"question": _questions(world, 1)}), params={"temperature": -1.0})
+
+
+def test_another_corpus_at_load_time(registered, world, tmp_path):
+    other = tmp_path / "corpus.jsonl"
+    docs = world["corpus"][:5]
+    other.write_text("".join(json.dumps({"id": d.id, "title": d.title, "text": d.text}) + "\n" for d in docs))
+    loaded = mlflow.pyfunc.load_model(registered, model_config={"corpus": str(other)})
+    assert [d.id for d in loaded.unwrap_python_model().agent.engine.env.search.docs] == [d.id for d in docs]
+
+
+def test_served_by_mlflow_answers_like_predict_and_refuses_bad_input(registered, model, world):
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "models", "serve", "-m", registered, "--env-manager", "local",
+         "-p", str(port), "--host", "127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=_venv_env())
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            assert server.poll() is None, server.stderr.read().decode()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{url}/ping", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the scoring server did not start"
+            time.sleep(0.5)
+
+        def post(questions: list[str]):
+            body = {"dataframe_split": {"columns": ["question"], "data": [[q] for q in questions]}}
+            req = urllib.request.Request(f"{url}/invocations", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=120) as resp:
+                    return resp.status, json.loads(resp.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+
+        questions = _questions(world)
+        status, body = post(questions)
+        assert status == 200
+        served = body["predictions"]
+        assert served == model.predict(pd.DataFrame({"question": questions}))
+        for r, rec in zip(served, world["test"]):
+            assert exact_match(r["answer"], rec.answers) in (0.0, 1.0)  # the scorer reads the served answer
+        status, body = post([""])
+        assert status == 400 and "empty" in body["message"]
+        assert post(["x" * 100_000])[0] == 400
+        assert post(questions[:1])[0] == 200  # a refused request leaves the server serving
+    finally:
+        _stop(server)
+
+
+def test_ask_cli_answers_with_json(registered, world, capsys):
+    question = _questions(world, 1)[0]
+    assert main(["ask", "--model", registered, "--json", question]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == registered and out["results"][0]["question"] == question
+    assert main(["ask", "--model", registered, question]) == 0
+    assert "A: " in capsys.readouterr().out
+
+
+def test_ask_cli_refuses_unknown_models_and_empty_questions(world, capsys):
+    assert main(["ask", "--model", "models:/no-such-agent/1", "Who?"]) == 2
+    assert "no registered" in capsys.readouterr().err
+    assert main(["ask", "--model", str(world["policy"]), ""]) == 2
+    assert "empty" in capsys.readouterr().err
