@@ -1,7 +1,7 @@
 """The ``agentr1`` command.
 
     agentr1 data synth --out DIR --seed N [--n-train 4000 --n-dev 200 --n-test 300 --hop-weights 0.25,0.35,0.40 --names rich|small]
-    agentr1 data convert --format hotpotqa|musique --input FILE --out DIR [--split dev]
+    agentr1 data convert --format hotpotqa|musique --input FILE --out DIR [--split dev | --test-fraction 0.2 --dev-fraction 0.1]
     agentr1 data validate --data DIR
     agentr1 data retrieval-eval --data DIR --split test [--k 5]
     agentr1 search --data DIR [--k 5] "query"
@@ -94,9 +94,19 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_data_convert(args: argparse.Namespace) -> int:
-    from agentr1.data.convert import convert_to_dataset
+    from agentr1.data.convert import DEFAULT_DEV_FRACTION, check_fractions, convert_to_dataset
 
-    _print_json({"out": str(args.out), **convert_to_dataset(args.format, args.input, args.out, args.split)})
+    fractions = None
+    if args.test_fraction is not None:
+        fractions = (DEFAULT_DEV_FRACTION if args.dev_fraction is None else args.dev_fraction, args.test_fraction)
+        try:
+            check_fractions(*fractions)
+        except ValueError as e:
+            raise ConfigError(f"data convert: {e}") from None
+    elif args.dev_fraction is not None:
+        raise ConfigError("data convert: --dev-fraction needs --test-fraction (train/dev/test by id hash)")
+    summary = convert_to_dataset(args.format, args.input, args.out, args.split, fractions)
+    _print_json({"out": str(args.out), **summary})
     return EXIT_OK
 
 
@@ -143,6 +153,10 @@ def _add_data(subparsers: argparse._SubParsersAction) -> None:
     convert.add_argument("--input", required=True, help="a JSON list or JSON-lines file")
     convert.add_argument("--out", required=True, help="dataset directory to write (as for synth --out)")
     convert.add_argument("--split", default=DEFAULT_SPLIT, help=f"split to put every record in (default: {DEFAULT_SPLIT})")
+    convert.add_argument("--test-fraction", type=float, default=None,
+                         help="instead of --split: train/dev/test by a stable hash of each id, this share in test")
+    convert.add_argument("--dev-fraction", type=float, default=None,
+                         help="with --test-fraction: this share in dev (default 0.1), the rest in train")
     convert.set_defaults(func=cmd_data_convert)
 
     validate = sub.add_parser("validate", help="check a dataset dir (the schema every entry point uses); prints counts")

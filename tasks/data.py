@@ -8,7 +8,6 @@ scratch directories) the hash is still computed, nothing is recorded.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import tempfile
 from dataclasses import dataclass, replace
@@ -20,7 +19,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from agentr1.config import Config
-from agentr1.data.records import MARKER_FILE, DataError, QARecord, generation_needed, write_dataset
+from agentr1.data.records import MARKER_FILE, DataError, generation_needed
 from agentr1.trainer import ensure_data
 from tasks import tracking
 from tasks.params import DataSource
@@ -30,7 +29,6 @@ log = logging.getLogger("agentr1.tasks.data")
 
 DATA_REPORT_KEY = "data-validation-report"
 DVC_DIR = ".dvc"
-HASH_BUCKETS = 10_000  # resolution of the id-hash split of converted records
 
 
 @dataclass(frozen=True)
@@ -122,25 +120,13 @@ def version_dataset(data_dir: Path, record: bool, source: str) -> DataVersion:
 # ----------------------------------------------------------------------------- making data
 
 
-def split_of(record_id: str, dev_fraction: float, test_fraction: float) -> str:
-    """A stable split for a record id (a hash, so adding records never moves old ones)."""
-    bucket = int(hashlib.sha256(record_id.encode()).hexdigest(), 16) % HASH_BUCKETS / HASH_BUCKETS
-    if bucket < test_fraction:
-        return "test"
-    return "dev" if bucket < test_fraction + dev_fraction else "train"
-
-
 def convert_dataset(source: DataSource, out_dir: Path) -> None:
     """HotpotQA / MuSiQue -> ``out_dir`` with train/dev/test splits by id hash."""
-    from agentr1.data.convert import convert
+    from agentr1.data.convert import convert_to_dataset
 
     if not source.input:
         raise ValueError(f"data source {source.kind!r} needs an input file (data.input)")
-    records, corpus = convert(source.kind, source.input)
-    splits: dict[str, list[QARecord]] = {"train": [], "dev": [], "test": []}
-    for r in records:
-        splits[split_of(r.id, source.dev_fraction, source.test_fraction)].append(r)
-    write_dataset(out_dir, {k: v for k, v in splits.items() if v}, corpus)
+    convert_to_dataset(source.kind, source.input, out_dir, fractions=(source.dev_fraction, source.test_fraction))
 
 
 def make_data(cfg: Config, source: DataSource) -> None:

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentr1.config import Config, load_config
+from agentr1.data.convert import DEFAULT_DEV_FRACTION
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = "conf"
@@ -54,7 +55,7 @@ class DataSource(_Form):
     kind: Literal["synthetic", "hotpotqa", "musique"] = Field(
         "synthetic", description="synthetic: generated from data.synth; hotpotqa / musique: converted from `input`.")
     input: str | None = Field(None, description="HotpotQA / MuSiQue JSON or JSON-lines file (converters only).")
-    dev_fraction: float = Field(0.1, ge=0, lt=1, description="Share of converted records put in the dev split.")
+    dev_fraction: float = Field(DEFAULT_DEV_FRACTION, ge=0, lt=1, description="Share of converted records put in the dev split.")
     test_fraction: float = Field(0.2, gt=0, lt=1, description="Share of converted records put in the test split.")
     version: bool = Field(True, description="Record the dataset with `dvc add` when it lies in the DVC repo.")
 

@@ -75,7 +75,7 @@ def test_convert_command(capsys, tmp_path):
     src = tmp_path / "m.json"
     src.write_text(json.dumps([MUSIQUE_RECORD]))
     code, out, _ = _run(capsys, "data", "convert", "--format", "musique", "--input", src, "--out", tmp_path / "ds")
-    assert code == 0 and json.loads(out)["split"] == "dev"
+    assert code == 0 and json.loads(out)["splits"] == {"dev": 1}
     assert list(load_dataset(tmp_path / "ds")[0]) == ["dev"]
 
 

@@ -165,6 +165,22 @@ def test_unknown_format_and_empty_input(tmp_path):
 
 def test_convert_to_dataset_writes_a_loadable_split(tmp_path):
     summary = convert_to_dataset("musique", _write(tmp_path / "m.json", [MUSIQUE_RECORD]), tmp_path / "ds", "eval")
-    assert summary == {"format": "musique", "split": "eval", "n_records": 1, "n_docs": 3, "n_supporting": 2}
+    assert summary == {"format": "musique", "splits": {"eval": 1}, "n_records": 1, "n_docs": 3, "n_supporting": 2}
     splits, corpus = load_dataset(tmp_path / "ds")
     assert list(splits) == ["eval"] and splits["eval"][0].meta["hop_type"] == "3hop1" and len(corpus) == 3
+
+
+@needs_real
+def test_cli_convert_splits_train_dev_test_by_id_hash_as_the_pipeline_does(tmp_path, capsys):
+    from agentr1.cli import main
+    from agentr1.data.convert import split_of
+
+    args = ["data", "convert", "--format", "hotpotqa", "--input", str(HOTPOT)]
+    assert main([*args, "--out", str(tmp_path / "ds"), "--test-fraction", "0.2", "--dev-fraction", "0.1"]) == 0
+    counts = json.loads(capsys.readouterr().out)["splits"]
+    splits, _ = load_dataset(tmp_path / "ds")
+    assert set(splits) == {"train", "dev", "test"} and {k: len(v) for k, v in splits.items()} == counts
+    assert all(split_of(r.id, 0.1, 0.2) == name for name, records in splits.items() for r in records)
+    assert counts["train"] > counts["test"] > counts["dev"] > 0
+    assert main([*args, "--out", str(tmp_path / "bad"), "--test-fraction", "0.7", "--dev-fraction", "0.5"]) == 2
+    assert "dev + test < 1" in capsys.readouterr().err and not (tmp_path / "bad").exists()

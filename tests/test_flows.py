@@ -19,11 +19,12 @@ from test_convert import HOTPOT_RECORD
 from test_trainer import TINY
 
 from agentr1.config import ConfigError, load_config
+from agentr1.data.convert import split_of
 from agentr1.data.records import load_dataset
 from agentr1.trainer import PPOSession, ensure_data
 from tasks import tracking
 from tasks.ablation import AblationParams
-from tasks.data import dir_hash, recorded_hash, split_of, version_dataset
+from tasks.data import dir_hash, recorded_hash, version_dataset
 from tasks.params import DataSource, EvaluateParams, PipelineParams, RetrainParams, preset_path, resolve_config
 from tasks.registry import compare, parse_model_ref
 from tasks.report import metrics_table

@@ -11,8 +11,10 @@
 Input is a JSON list or JSON lines. The corpus is the pool of distinct paragraphs of all
 records (deduplicated by (title, text)), in order of first appearance; a paragraph's id is a
 short sha1 of its title and text, so the same paragraph gets the same id in every
-conversion. Every record goes into one split (``DEFAULT_SPLIT`` unless told otherwise):
-these samples come from one official split and are used for evaluation here.
+conversion. Every record goes into one split (``DEFAULT_SPLIT`` unless told otherwise), or,
+with dev/test fractions, into train/dev/test by a hash of its id (:func:`split_of`: stable,
+so adding records never moves old ones). The pipeline's data form and ``agentr1 data
+convert`` share this one function.
 """
 from __future__ import annotations
 
@@ -244,9 +246,40 @@ def convert(fmt: str, input_path: str | os.PathLike) -> tuple[list[QARecord], li
     return records, pool.docs
 
 
-def convert_to_dataset(fmt: str, input_path: str | os.PathLike, out_dir: str | os.PathLike, split: str = DEFAULT_SPLIT) -> dict:
-    """Convert and write DIR/qa/{split}.jsonl + DIR/corpus.jsonl; returns a small summary."""
+HASH_BUCKETS = 10_000
+"""Resolution of the id-hash split of converted records."""
+DEFAULT_DEV_FRACTION = 0.1
+
+
+def split_of(record_id: str, dev_fraction: float, test_fraction: float) -> str:
+    """A stable split for a record id (a hash, so adding records never moves old ones)."""
+    bucket = int(hashlib.sha256(record_id.encode()).hexdigest(), 16) % HASH_BUCKETS / HASH_BUCKETS
+    if bucket < test_fraction:
+        return "test"
+    return "dev" if bucket < test_fraction + dev_fraction else "train"
+
+
+def check_fractions(dev: float, test: float) -> None:
+    """Raise ValueError unless ``dev``/``test`` shares leave a train split."""
+    if not (0 <= dev < 1 and 0 < test < 1 and dev + test < 1):
+        raise ValueError(f"split fractions dev={dev}, test={test}: need 0 <= dev, 0 < test and dev + test < 1")
+
+
+def convert_to_dataset(fmt: str, input_path: str | os.PathLike, out_dir: str | os.PathLike,
+                       split: str = DEFAULT_SPLIT, fractions: tuple[float, float] | None = None) -> dict:
+    """Convert and write DIR/qa/<split>.jsonl + DIR/corpus.jsonl: every record in ``split``, or,
+    with ``fractions=(dev, test)``, in train/dev/test by :func:`split_of` (an empty split is
+    left out). Returns a small summary with the records per split."""
     records, corpus = convert(fmt, input_path)
-    write_dataset(out_dir, {split: records}, corpus)
-    return {"format": fmt, "split": split, "n_records": len(records), "n_docs": len(corpus),
-            "n_supporting": sum(len(r.supporting_docs) for r in records)}
+    if fractions is None:
+        splits = {split: records}
+    else:
+        dev, test = fractions
+        check_fractions(dev, test)
+        splits = {"train": [], "dev": [], "test": []}
+        for r in records:
+            splits[split_of(r.id, dev, test)].append(r)
+        splits = {k: v for k, v in splits.items() if v}
+    write_dataset(out_dir, splits, corpus)
+    return {"format": fmt, "splits": {k: len(v) for k, v in splits.items()}, "n_records": len(records),
+            "n_docs": len(corpus), "n_supporting": sum(len(r.supporting_docs) for r in records)}
