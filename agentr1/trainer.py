@@ -194,6 +194,21 @@ def demonstrations_needed(cfg: Config) -> int:
     return min(sft.episodes, max(tokenizer, sft.value_fit_episodes))
 
 
+def check_demonstrable(cfg: Config, ws: Workspace) -> None:
+    """Refuse, before anything is written, a warm-up whose scripted expert cannot play the data:
+    it follows the relation chain of synthetic questions (``meta["chain"]``), which converted
+    real data has not. A finished warm-up of this config, or none needed, passes."""
+    if not demonstrations_needed(cfg) or finished_warmup(cfg) is not None:
+        return
+    for line, record in enumerate(ws.split("train"), start=1):
+        if "chain" not in record.meta:
+            raise DataError(split_path(ws.data_dir, "train"), line, "meta.chain",
+                            f"record {record.id!r} has no relation chain: the warm-up's scripted expert plays "
+                            "synthetic questions only. For real data start from an existing warm-up (copy it to "
+                            "<output_dir>/warmup; the ablation's warmup=DIR) or a pretrained model with "
+                            "sft.steps=0 and sft.value_fit_episodes=0")
+
+
 def tokenizer_texts(ws: Workspace, records, transcripts) -> list[str]:
     """What the from-scratch tokenizer is trained on: the corpus, every question, and the
     expert episodes rendered exactly as the policy will see them (chat scaffolding, tool calls,
@@ -674,6 +689,8 @@ def train(cfg: Config, log_metrics: MetricsFn | None = None, stages: tuple[str, 
     ws = Workspace.build(cfg)  # the data is checked before anything is written
     if {"warmup", "ppo"} & set(stages):
         ws.split("train")
+    if "warmup" in stages:
+        check_demonstrable(cfg, ws)
     ws.split(cfg.eval.split)
     claim_run_dir(cfg.output_dir)
     seconds: dict[str, float] = {}

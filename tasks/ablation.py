@@ -275,9 +275,6 @@ def shared_warmup(cfg: Config, spec: AblationSpec, run_id: str | None = None) ->
             import torch
 
             torch.set_num_threads(spec.runner.warmup_threads)
-        if not all("chain" in r.meta for r in splits["train"][:50]):
-            raise ConfigError(f"{cfg.data.dir}: the warm-up's scripted expert needs synthetic questions (meta.chain); "
-                              "for converted real data give warmup=<a warm-up checkpoint dir>")
     return warm_up.fn(cfg, run_id)
 
 

@@ -27,8 +27,8 @@ from agentr1 import checkpoint as ckpt
 from agentr1.config import Config, config_hash
 from agentr1.fsutil import write_json
 from agentr1.rundir import claim_run_dir
-from agentr1.trainer import (FINAL_DIR, LAST_DIR, WARMUP_DIR, PPOSession, Workspace, finished_warmup, run_eval,
-                             warmup)
+from agentr1.trainer import (FINAL_DIR, LAST_DIR, WARMUP_DIR, PPOSession, Workspace, check_demonstrable,
+                             finished_warmup, run_eval, warmup)
 from tasks import tracking
 from tasks.data import publish_failure
 from tasks.validation import validate_rollouts
@@ -92,6 +92,7 @@ def warm_up(cfg: Config, run_id: str | None = None) -> str:
     when a previous attempt of this run finished it)."""
     out = Path(cfg.output_dir) / WARMUP_DIR
     ws = workspace(cfg)  # the data is checked before the run directory is touched
+    check_demonstrable(cfg, ws)
     claim_run_dir(cfg.output_dir)
     if finished_warmup(cfg):
         log.info("reusing the warm-up checkpoint %s", out)

@@ -191,6 +191,23 @@ def test_training_without_a_train_split_is_refused_before_any_write(data_dir, tm
     assert not out.exists()
 
 
+def test_a_warm_up_on_real_data_is_refused_before_any_write(tmp_path, capsys):
+    """The scripted expert follows synthetic relation chains; converted HotpotQA has none (it
+    was a KeyError deep in the warm-up, after the run directory was made)."""
+    from test_convert import HOTPOT, needs_real
+
+    if needs_real.args[0]:
+        pytest.skip(needs_real.kwargs["reason"])
+    data, out = tmp_path / "hotpot", tmp_path / "run"
+    assert main(["data", "convert", "--format", "hotpotqa", "--input", str(HOTPOT), "--out", str(data),
+                 "--test-fraction", "0.2"]) == 0
+    capsys.readouterr()
+    code = main(["train", "--config", "conf/train.yaml", "-o", f"data.dir={data}", "-o", f"output_dir={out}"])
+    assert code == 2
+    assert "train.jsonl:1: field 'meta.chain'" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_a_directory_without_run_outputs_becomes_ours(tmp_path):
     d = tmp_path / "dvc"
     d.mkdir()
