@@ -248,11 +248,7 @@ def build_model(cfg: Config, ws: Workspace, records, transcripts):
 
         tokenizer = build_tokenizer(tokenizer_texts(ws, records, transcripts), vocab_size=cfg.model.vocab_size,
                                     phrases=tool_call_scaffold())
-        m = cfg.model
-        spec = ModelSpec(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
-                         num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size,
-                         max_position_embeddings=m.max_position_embeddings, init_std=m.init_std)
-        model = build_policy(spec, tokenizer, seed=cfg.seed)
+        model = build_policy(ModelSpec.from_config(cfg.model), tokenizer, seed=cfg.seed)
     return model, tokenizer, ChatFormat(tokenizer, ws.tools)
 
 

@@ -141,7 +141,7 @@ def main() -> None:
     results: dict[str, dict] = {}
     for size in args.sizes.split(","):
         if size == "large":
-            model = build_policy(ModelSpec(**LARGE), tokenizer, seed=cfg.seed)
+            model = build_policy(ModelSpec.from_config(cfg.model, **LARGE), tokenizer, seed=cfg.seed)
         model.eval()
         results[size] = {"parameters": count_parameters(model.policy)}
         for name in args.backends.split(","):

@@ -27,6 +27,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from agentr1.config import ModelConfig
 from agentr1.fsutil import atomic_dir
 from agentr1.rl.guard import assert_finite
 from models.tokenizer import single_token_ids
@@ -40,22 +41,31 @@ STOP_TOKENS = ("<|im_end|>", "</tool_call>", "</answer>", "<|endoftext|>")
 
 @dataclass
 class ModelSpec:
-    """Shape of the from-scratch decoder (a Qwen2 architecture)."""
+    """Shape of the from-scratch decoder (a Qwen2 architecture). The shape has no defaults here:
+    it comes from the validated config's ``model`` section (:meth:`from_config`), where the
+    default run's values live; only architecture constants the config does not expose do."""
 
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 4
-    intermediate_size: int = 512
-    max_position_embeddings: int = 1024
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    init_std: float
+    """std of the normal init of every weight matrix. transformers' default, 0.02, is tuned for
+    wide models: at hidden 128 it leaves attention logits so flat that a 4-layer model had not
+    learned to copy 6 tokens after 400 steps, where 0.05 learns it in ~100 (measured, README)."""
     tie_word_embeddings: bool = True
     rope_theta: float = 10000.0
     dropout: float = 0.0
     """attention dropout; 0 keeps PPO's old/new log-probs comparable"""
-    init_std: float = 0.05
-    """std of the normal init of every weight matrix. transformers' default, 0.02, is tuned for
-    wide models: at hidden 128 it leaves attention logits so flat that a 4-layer model had not
-    learned to copy 6 tokens after 400 steps, where 0.05 learns it in ~100 (measured, README)."""
+
+    @classmethod
+    def from_config(cls, model: ModelConfig, **changes) -> "ModelSpec":
+        """The shape in ``model`` (``agentr1.config.ModelConfig``), with ``changes`` applied."""
+        shape = {f: getattr(model, f) for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                                                "intermediate_size", "max_position_embeddings", "init_std")}
+        return cls(**{**shape, **changes})
 
 
 class ActorCritic(nn.Module):

@@ -23,7 +23,7 @@ from mlflow.exceptions import MlflowException
 
 from agentr1.agent import MAX_QUESTION_CHARS, transcript
 from agentr1.cli import main
-from agentr1.config import load_config
+from agentr1.config import ModelConfig, load_config
 from agentr1.data.records import corpus_path, load_dataset
 from agentr1.env.rewards import exact_match
 from agentr1.rollout.engine import Trajectory
@@ -72,8 +72,9 @@ def world(tmp_path_factory) -> dict:
     splits, corpus = load_dataset(cfg.data.dir)
     tok = build_tokenizer([f"{d.title}\n{d.text}" for d in corpus] + [r.question for r in splits["train"]],
                           vocab_size=400)
-    policy = build_policy(ModelSpec(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32),
-                          tok)
+    spec = ModelSpec.from_config(ModelConfig(), hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2,
+                                 intermediate_size=32)
+    policy = build_policy(spec, tok)
     return {"cfg": cfg, "test": splits["test"], "corpus": corpus,
             "policy": save_actor_critic(policy, tok, root / "policy")}
 

@@ -21,7 +21,7 @@ from test_flows import FAST, data_dir, seeded_run, warm_dir  # noqa: F401  (fixt
 from test_tracking import policy_dir  # noqa: F401  (fixture)
 from test_trainer import TINY
 
-from agentr1.config import Config
+from agentr1.config import Config, ModelConfig
 from tasks import tracking
 from tasks.registry import RegistrationRefused, promote_if_better, register_policy
 
@@ -323,8 +323,8 @@ def test_evaluate_json_with_vllm_prints_only_json(data_dir, tmp_path):  # noqa: 
     texts = [f"Question: who is {i}? <answer>{i}</answer>" for i in range(200)]
     tok = build_tokenizer(texts, vocab_size=300)
     # head size 32: the smallest vLLM's CPU attention serves (a smaller one falls back to hf)
-    spec = ModelSpec(hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=64,
-                     max_position_embeddings=512)
+    spec = ModelSpec.from_config(ModelConfig(), hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=2,
+                                 intermediate_size=64, max_position_embeddings=512)
     policy = save_actor_critic(build_policy(spec, tok), tok, tmp_path / "policy")
     overrides = ["rollout.backend=vllm", "eval.max_examples=1", "env.max_turns=1", "env.max_turn_tokens=4",
                  "env.max_context_tokens=300"]

@@ -27,11 +27,12 @@ from models import (
     load_pretrained,
     save_actor_critic,
 )
+from agentr1.config import ModelConfig
 from agentr1.env.protocol import tool_call_scaffold
 from models.tokenizer import MAX_CAPITALISED_TOKEN
 
-TINY = ModelSpec(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64,
-                 max_position_embeddings=512)
+TINY = ModelSpec.from_config(ModelConfig(), hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                             intermediate_size=64, max_position_embeddings=512)
 SYSTEM = "Answer by searching. Reply <answer>...</answer>."
 TOOLS = [{"type": "function", "function": {
     "name": "search", "description": "Search the documents.",
@@ -240,7 +241,7 @@ def test_build_policy_shapes_and_seed(tok):
     assert torch.equal(same(x)[0], logits) and not torch.equal(other(x)[0], logits)
     (logits.logsumexp(-1).mean() + values.mean()).backward()
     assert model.value_head.weight.grad.abs().sum() > 0
-    assert count_parameters(build_policy(ModelSpec(), tok)) < 1_300_000
+    assert count_parameters(build_policy(ModelSpec.from_config(ModelConfig()), tok)) < 1_300_000
 
 
 def test_left_padding_with_position_ids_matches_unpadded(tok):
@@ -380,7 +381,7 @@ def test_lora_trains_only_adapters_and_value_head(qwen_dir, tmp_path):
 def test_pretrained_warm_up_without_steps_plays_no_expert(qwen_dir, tmp_path):
     """sft.steps=0 on a pretrained model with no value fit: the warm-up only saves the model
     with a value head; the scripted expert never runs."""
-    from agentr1.config import load_config
+    from agentr1.config import ModelConfig, load_config
     from agentr1.trainer import Workspace, warmup
 
     cfg = load_config("conf/train.yaml", [

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from agentr1.config import ModelConfig
 from agentr1.env.agents import OracleAgent
 from agentr1.rl.ppo import forward_tokens
 from agentr1.rollout.backend import Generation, HFBackend, SamplingSpec, sample_next
@@ -14,8 +15,9 @@ from models.policy import ModelSpec, build_policy
 
 @pytest.fixture(scope="module")
 def world(rollout_world):
-    model = build_policy(ModelSpec(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2,
-                                   intermediate_size=64), rollout_world["tok"], seed=0)
+    spec = ModelSpec.from_config(ModelConfig(), hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2,
+                                 intermediate_size=64)
+    model = build_policy(spec, rollout_world["tok"], seed=0)
     model.eval()
     return {**rollout_world, "model": model}
 

@@ -23,7 +23,7 @@ import yaml
 
 from mlflow.entities import LoggedModelStatus
 
-from agentr1.config import Config, config_hash, flatten
+from agentr1.config import Config, ModelConfig, config_hash, flatten
 from tasks import tracking as tr
 
 EXP = "agentr1-test-tracking"
@@ -284,8 +284,9 @@ def policy_dir(tmp_path_factory):
              f'<tool_call>{{"name": "search", "arguments": {{"query": "{rng.choice(names)}"}}}}</tool_call> '
              f"<answer>{rng.choice(names)}</answer>" for _ in range(300)]
     tok = build_tokenizer(texts, vocab_size=300)
-    model = build_policy(ModelSpec(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32),
-                         tok)
+    spec = ModelSpec.from_config(ModelConfig(), hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2,
+                                 intermediate_size=32)
+    model = build_policy(spec, tok)
     return save_actor_critic(model, tok, tmp_path_factory.mktemp("policy") / "final")
 
 

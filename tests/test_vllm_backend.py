@@ -12,7 +12,7 @@ pytest.importorskip("vllm")
 
 from accelerate import Accelerator
 
-from agentr1.config import load_config
+from agentr1.config import ModelConfig, load_config
 from agentr1.rl.guard import StepGuard
 from agentr1.rl.ppo import forward_tokens, ppo_update, score_batch
 from agentr1.rollout.backend import SamplingSpec
@@ -30,9 +30,9 @@ MAX_LEN = 512
 @pytest.fixture(scope="module")
 def world(rollout_world):
     # head size 32: the smallest vLLM's CPU attention supports
-    model = build_policy(ModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2,
-                                   intermediate_size=128, max_position_embeddings=512),
-                         rollout_world["tok"], seed=0)
+    spec = ModelSpec.from_config(ModelConfig(), hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2,
+                                 intermediate_size=128, max_position_embeddings=512)
+    model = build_policy(spec, rollout_world["tok"], seed=0)
     model.eval()
     yield {**rollout_world, "model": model, "backend": VLLMBackend(model.policy, max_model_len=MAX_LEN)}
     shutdown_engines()
