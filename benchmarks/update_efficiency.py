@@ -1,0 +1,155 @@
+"""How much of this machine's matmul throughput the training steps use.
+
+Measures, in one process and one run:
+
+- the **peaks**: GFLOP/s of a square fp32 and bf16 matmul (``torch.mm``, ``--n`` wide), the
+  baseline every other number is read against;
+- the **warm-up steps** as the trainer takes them: a corpus step (next-token loss on every token
+  of packed 128-token rows) and a demonstration step (loss on action tokens only, logits
+  computed there alone), forward + backward + optimizer step;
+- the **PPO update** (:func:`agentr1.rl.ppo.ppo_update`, the default run's epochs and
+  minibatches) on a synthetic batch shaped like the default run's episodes;
+
+each in fp32 and under bf16 autocast (``ppo.mixed_precision``), on the default run's model
+(``conf/train.yaml``, built fresh: FLOPs do not depend on the weights).
+
+FLOPs per step follow the usual convention: ``6·N·tokens`` for the non-embedding weights,
+``6·d·V`` per position where logits are computed (the tied LM head), and ``12·layers·d·T``
+per token for attention (T the row's length, counted as if not causal). Usage::
+
+    python benchmarks/update_efficiency.py [--config conf/train.yaml] [--n 2048] [--steps 10]
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import torch
+
+from agentr1.config import load_config
+from agentr1.data.synth import generate
+from agentr1.rl.guard import StepGuard
+from agentr1.rl.ppo import ppo_update, score_batch
+from agentr1.rl.sft import sft_loss
+from agentr1.rollout.batch import collate
+from agentr1.rollout.engine import Trajectory
+from agentr1.trainer import make_accelerator, ppo_hyper
+from models.policy import ModelSpec, attention_for_precision, build_policy
+from models.tokenizer import build_tokenizer
+
+# The default run's episodes, measured (README): a 20-token prompt, ~21 action tokens in 3
+# turns of ~7, observations of ~35 tokens between them.
+PROMPT, TURN, OBSERVATION, TURNS = 20, 7, 35, 3
+
+
+def matmul_peak(dtype: torch.dtype, n: int, reps: int = 20) -> float:
+    """GFLOP/s of an n x n x n matmul in ``dtype`` (best of three timings)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 * reps / best / 1e9
+
+
+def step_flops(model, tokens: int, logit_positions: int, row_len: float) -> float:
+    cfg = model.policy.config
+    d, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
+    dense = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n and "lm_head" not in n)
+    return 6 * dense * tokens + 6 * d * vocab * logit_positions + 12 * layers * d * row_len * tokens
+
+
+def synthetic_episode(rng: random.Random, vocab: int, rid: int) -> Trajectory:
+    ids, mask, ends = [rng.randrange(vocab) for _ in range(PROMPT)], [0] * PROMPT, []
+    for k in range(TURNS):
+        ids += [rng.randrange(vocab) for _ in range(TURN)]
+        mask += [1] * TURN
+        ends.append(len(ids) - 1)
+        if k < TURNS - 1:
+            ids += [rng.randrange(vocab) for _ in range(OBSERVATION)]
+            mask += [0] * OBSERVATION
+    logprobs = [-1.0 if m else 0.0 for m in mask]
+    return Trajectory(f"x{rid}", ids, mask, logprobs, PROMPT, ends, [0.2] * TURNS, float(rng.random() < 0.5))
+
+
+def timed(fn, steps: int) -> float:
+    fn()  # warm-up call: allocator, kernels
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    return (time.perf_counter() - t0) / steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default="conf/train.yaml")
+    ap.add_argument("--n", type=int, default=2048, help="matmul size of the peak measurement")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
+    args = ap.parse_args()
+    cfg = load_config(args.config)
+    rng = random.Random(0)
+    # A vocabulary like the default run's (its size is what the FLOPs depend on).
+    splits, corpus = generate(0, n_train=2000, n_dev=1, n_test=1, names=cfg.data.synth.names)
+    texts = [f"{d.title}\n{d.text}" for d in corpus] + [r.question for r in splits["train"]]
+    tokenizer = build_tokenizer(texts, vocab_size=cfg.model.vocab_size)
+    print(f"threads {torch.get_num_threads()}, model {cfg.model.hidden_size}x{cfg.model.num_layers}, "
+          f"vocab {len(tokenizer)}", flush=True)
+
+    peaks = {"fp32": matmul_peak(torch.float32, args.n), "bf16": matmul_peak(torch.bfloat16, args.n)}
+    print(f"peak matmul GFLOP/s ({args.n}^3): fp32 {peaks['fp32']:.0f}, bf16 {peaks['bf16']:.0f} "
+          f"({peaks['bf16'] / peaks['fp32']:.1f}x)", flush=True)
+
+    rows = []
+    for precision in ("no", "bf16"):
+        model = build_policy(ModelSpec.from_config(cfg.model), tokenizer, seed=0)
+        attention_for_precision(model, torch.device("cpu"), precision)
+        acc = make_accelerator(cfg, torch.device("cpu"), precision, 1)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        model, opt = acc.prepare(model, opt)
+        vocab, bs = len(tokenizer), cfg.sft.batch_size
+
+        corpus = torch.randint(vocab, (bs, cfg.sft.corpus_block))
+        demos = [synthetic_episode(rng, vocab, i) for i in range(bs)]
+        demo_ids = torch.tensor([t.token_ids for t in demos])
+        demo_target = torch.tensor([t.action_mask[1:] for t in demos], dtype=torch.float)
+
+        def sft_step(ids: torch.Tensor, target: torch.Tensor) -> None:
+            with acc.autocast():
+                loss, _ = sft_loss(model, ids, torch.ones_like(ids), target)
+            acc.backward(loss)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        corpus_target = torch.ones(bs, corpus.shape[1] - 1)
+        for name, ids, target in (("warm-up corpus step", corpus, corpus_target),
+                                  ("warm-up demo step", demo_ids, demo_target)):
+            sec = timed(lambda: sft_step(ids, target), args.steps)
+            flops = step_flops(acc.unwrap_model(model), ids.numel(), int(target.sum()), ids.shape[1])
+            rows.append((name, precision, sec, ids.numel() / sec, flops / sec / 1e9))
+
+        hp = ppo_hyper(cfg)
+        batch = collate([synthetic_episode(rng, vocab, i) for i in range(cfg.ppo.episodes_per_iter)], 0)
+        with acc.autocast():
+            scored, _ = score_batch(model, model, batch, hp)
+        guard = StepGuard(cfg.max_nonfinite_steps)
+        gen = torch.Generator().manual_seed(0)
+        sec = timed(lambda: ppo_update(model, opt, acc, batch, scored, hp, gen, guard), max(1, args.steps // 5))
+        tokens = int(batch.attention_mask.sum()) * hp.epochs
+        flops = step_flops(acc.unwrap_model(model), tokens, int(batch.action_mask.sum()) * hp.epochs,
+                           batch.input_ids.shape[1])
+        rows.append((f"PPO update ({hp.epochs} epochs x {cfg.ppo.episodes_per_iter // hp.minibatch_size} mb)",
+                     precision, sec, tokens / sec, flops / sec / 1e9))
+
+    print("\n| step | precision | s/step | tokens/s | GFLOP/s | % of fp32 peak | % of bf16 peak |")
+    print("|---|---|---|---|---|---|---|")
+    for name, precision, sec, tps, gflops in rows:
+        print(f"| {name} | {'fp32' if precision == 'no' else 'bf16 autocast'} | {sec:.3f} | {tps:,.0f} | "
+              f"{gflops:.0f} | {100 * gflops / peaks['fp32']:.0f}% | {100 * gflops / peaks['bf16']:.0f}% |")
+
+
+if __name__ == "__main__":
+    main()
