@@ -343,3 +343,60 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(first_run, tmp_path):
     assert run_job(job, ws, warm)["status"] == "reused"
     with pytest.raises(ConfigError, match="another configuration"):
         run_job(job.__class__(job.variant, job.seed, job.cfg, CurveSettings(every=2)), ws, warm)
+
+
+# ----------------------------------------------------------------------------- a real Dask cluster
+
+# Two of the first run's jobs again, on a Dask cluster, from its warm-up.
+DASK_JOBS = [f"variants=[{FULL},{VANILLA}]", "seeds=[0]"]
+# What measures time, not learning: it differs between any two runs of the same job.
+TIMING_KEYS = ("train_seconds",)
+TIMING_PREFIXES = ("perf/", "time/")
+
+
+def learned(run_dir: Path) -> dict:
+    """A finished run's result, per-iteration metrics and final trajectories, timing left out;
+    and the config hash, which covers the run's own output dir."""
+    result = json.loads((run_dir / "result.json").read_text())
+    result.pop("config_hash")
+    for point in [result, *result["curve"]]:
+        for key in TIMING_KEYS:
+            point.pop(key)
+    history = [{k: v for k, v in line.items() if not k.startswith(TIMING_PREFIXES)}
+               for line in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+    return {"result": result, "history": history, "trajectories": (run_dir / "trajectories_final.txt").read_text()}
+
+
+@pytest.mark.slow  # ~40 s; test_task_runner_kinds builds the dask runner in no time
+def test_a_dask_cluster_runs_the_jobs_as_the_process_runner_did(first_run, tmp_path):
+    """runner.kind=dask against a LocalCluster of 2 worker processes (what a remote scheduler
+    looks like to the flow: an address): the same jobs give the process runner's results."""
+    import os
+
+    from distributed import Client, LocalCluster
+
+    from flows.ablation import ablation
+
+    params, res, _ = first_run
+    first_root = Path(res["output_dir"])
+    overrides = [*params.overrides, *DASK_JOBS, f"warmup={first_root / 'warmup'}", "runner.kind=dask"]
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster, \
+            Client(cluster.scheduler_address, set_as_default=False) as client:  # not a default the runner would take
+        # Spawned workers inherit this process's environment (conftest's temp MLflow and Prefect
+        # home); the Prefect API URL reaches them with each task's serialized settings.
+        seen = client.run(lambda: (os.environ["MLFLOW_TRACKING_URI"], os.getpid()))
+        assert len(seen) == 2 and {uri for uri, _ in seen.values()} == {os.environ["MLFLOW_TRACKING_URI"]}
+        assert os.getpid() not in {pid for _, pid in seen.values()}
+        out = ablation(AblationParams(preset="quick", output_dir=str(tmp_path / "dask"),
+                                      overrides=[*overrides, f"runner.address={cluster.scheduler_address}"]))
+        executed = client.run(lambda dask_worker: dask_worker.state.executed_count)
+    assert sum(executed.values()) == 2, f"the cluster's workers ran {executed}, not the 2 jobs"
+    assert sorted((r["variant"], r["status"]) for r in out["runs"]) == [(FULL, "trained"), (VANILLA, "trained")]
+    for variant in (FULL, VANILLA):
+        on_dask = learned(tmp_path / "dask" / "runs" / variant / "seed-0")
+        by_process = learned(first_root / "runs" / variant / "seed-0")
+        assert len(on_dask["history"]) == 2 and "▶" in on_dask["trajectories"], "nothing to compare"
+        assert on_dask == by_process, variant  # bit for bit: the same seeds, one torch thread each
+    # The workers logged into this process's MLflow store, nested under the flow's run.
+    assert sorted(k.data.tags["ablation.variant"] for k in children_of(out["run_id"])) == sorted([FULL, VANILLA])
