@@ -367,8 +367,22 @@ def learned(run_dir: Path) -> dict:
     return {"result": result, "history": history, "trajectories": (run_dir / "trajectories_final.txt").read_text()}
 
 
+@pytest.fixture
+def environ_restored():
+    """``os.environ`` as it was before the test: LocalCluster writes its workers' settings
+    (OMP_NUM_THREADS=1, MKL's, OpenBLAS's) into *this* process's environment, and every later
+    subprocess of the suite would inherit them (a later test's flow subprocess did, and trained
+    with another thread count than the in-process run it is compared with bit for bit)."""
+    import os
+
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.mark.slow  # ~40 s; test_task_runner_kinds builds the dask runner in no time
-def test_a_dask_cluster_runs_the_jobs_as_the_process_runner_did(first_run, tmp_path):
+def test_a_dask_cluster_runs_the_jobs_as_the_process_runner_did(first_run, tmp_path, environ_restored):
     """runner.kind=dask against a LocalCluster of 2 worker processes (what a remote scheduler
     looks like to the flow: an address): the same jobs give the process runner's results."""
     import os

@@ -224,9 +224,13 @@ def test_prefect_yaml_declares_the_deployments_with_valid_forms():
 
 
 @pytest.mark.slow
-def test_served_deployment_runs_with_the_form_defaults(prefect_api, data_dir, warm_dir, tmp_path):
+def test_served_deployment_runs_with_the_form_defaults(prefect_api, data_dir, warm_dir, tmp_path, monkeypatch):
     """Deploy the pipeline with tiny defaults, create a run as the UI's Run button does (no
     parameters given), and let a Runner execute it (from a seeded warm-up, to save time)."""
+    # One torch thread in the flow's subprocess and in this process, whatever earlier tests set
+    # here: sums over a different number of threads round differently, and the end of this test
+    # compares the two runs' weights bit for bit.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     from prefect import get_client
     from prefect.client.schemas.objects import StateType
     from prefect.deployments import run_deployment
@@ -270,7 +274,12 @@ def test_served_deployment_runs_with_the_form_defaults(prefect_api, data_dir, wa
     from agentr1.trainer import train
 
     cli_run = seeded_run(tmp_path / "cli", warm_dir)
-    train(resolve_config(form(data_dir, cli_run, *same), "pipeline"), stages=("ppo",))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(resolve_config(form(data_dir, cli_run, *same), "pipeline"), stages=("ppo",))
+    finally:
+        torch.set_num_threads(threads)
     flow_w, cli_w = (load_file(d / "final" / "model.safetensors") for d in (tmp_path / "run", cli_run))
     assert flow_w.keys() == cli_w.keys() and all(torch.equal(flow_w[k], cli_w[k]) for k in flow_w)
     assert tags[tracking.TAG_DATA_HASH] == summary["data"]["md5"]
