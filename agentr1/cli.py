@@ -196,10 +196,35 @@ def _add_search(subparsers: argparse._SubParsersAction) -> None:
 # ---------------------------------------------------------------- train / evaluate
 
 
+QUIET_LOGGERS = ("bm25s", "httpx", "urllib3", "filelock", "alembic", "mlflow")
+"""Third-party loggers held at WARNING: their INFO lines (an index being built, each HTTP
+request) are noise beside the run's own progress. vLLM's go to ERROR: its warnings are about
+its own CPU build (missing Triton, tcmalloc, thread binding), nothing a user of this project acts on."""
+
+
+def _quiet_third_party() -> None:
+    """Third-party chatter only when it matters: :data:`QUIET_LOGGERS` at WARNING, vLLM (its own
+    handler too) at ERROR, transformers' weight-loading progress bars off."""
+    import logging
+    import os
+    import warnings
+
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")  # torch deprecations it trips
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # read when vllm is imported
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def _setup_logging() -> None:
+    """The run's own progress (INFO) on stderr, third-party chatter quiet."""
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    _quiet_third_party()
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -311,6 +336,7 @@ def _print_transcript(result: dict) -> None:
 def cmd_ask(args: argparse.Namespace) -> int:
     from agentr1.agent import check_request
 
+    _quiet_third_party()
     try:
         check_request(args.question, args.temperature)  # before seconds of loading
         with stdout_to_stderr():
