@@ -204,7 +204,8 @@ its own CPU build (missing Triton, tcmalloc, thread binding), nothing a user of 
 
 def _quiet_third_party() -> None:
     """Third-party chatter only when it matters: :data:`QUIET_LOGGERS` at WARNING, vLLM (its own
-    handler too) at ERROR, transformers' weight-loading progress bars off."""
+    handler too) at ERROR unless ``VLLM_LOGGING_LEVEL`` asks for more, transformers'
+    weight-loading progress bars off."""
     import logging
     import os
     import warnings

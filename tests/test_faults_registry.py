@@ -331,7 +331,8 @@ def test_evaluate_json_with_vllm_prints_only_json(data_dir, tmp_path):  # noqa: 
     proc = subprocess.run([sys.executable, "-m", "agentr1.cli", "evaluate", "--checkpoint", str(policy),
                            "--data", str(data_dir), "--split", "dev", "--out", str(tmp_path / "eval"),
                            *[x for o in overrides for x in ("-o", o)]],
-                          cwd=ROOT, capture_output=True, text=True, timeout=FLOW_TIMEOUT_S)
+                          cwd=ROOT, capture_output=True, text=True, timeout=FLOW_TIMEOUT_S,
+                          env={**os.environ, "VLLM_LOGGING_LEVEL": "INFO"})  # the CLI quiets vLLM unless asked
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "vllm" in proc.stderr.lower(), "vLLM did not run: the test would prove nothing"
     assert json.loads(proc.stdout)["greedy/n"] == 1
