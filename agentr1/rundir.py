@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentr1.config import Config, ConfigError, flatten
+from agentr1.fsutil import write_json
 
 MARKER = ".agentr1-run"
 RUN_OUTPUTS = frozenset({
@@ -96,11 +97,8 @@ def check_same_config(recorded: dict | None, current: dict, what: Path, fix: str
 def claim(path: Path, identity: dict) -> None:
     """Record ``identity`` in ``path``, or check that an earlier attempt recorded the same one:
     resuming a directory made with another config would mix two experiments."""
-    from agentr1.fsutil import atomic_file
-
     if path.exists():
         check_same_config(json.loads(path.read_text()), identity, path.parent,
                           f"use another output_dir, or delete {path.parent} to start it again")
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_file(path, lambda tmp: tmp.write_text(json.dumps(identity, indent=1, sort_keys=True)))
+    write_json(path, identity)

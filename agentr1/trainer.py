@@ -38,8 +38,8 @@ from agentr1.env.qa_env import EnvSettings, QAEnv
 from agentr1.env.rewards import RewardWeights
 from agentr1.env.search import SearchIndex
 from agentr1.evaluate import EvalResult, evaluate, render_trajectory
-from agentr1.fsutil import atomic_file, recover_dir, write_json
-from agentr1.rl.guard import StepGuard, TrainingDiverged, assert_finite, assert_finite_outputs
+from agentr1.fsutil import recover_dir, write_json
+from agentr1.rl.guard import StepGuard, TrainingDiverged, assert_finite_outputs
 from agentr1.rl.optim import MuonWithAdamW, muon_groups
 from agentr1.rl.ppo import PPOHyper, ppo_update, score_batch
 from agentr1.rl.sft import demo_returns, fit_value_head, pack_documents, pad_episodes, sft_loss
@@ -366,7 +366,7 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     stats = {"expert_em": expert_em, "episodes": len(episodes), "steps": sft.steps, "corpus_steps": corpus_steps,
              "value_fit_r2": value_r2, "skipped_steps": guard.skipped, "seconds": time.time() - t0,
              "final_loss": metrics.get("sft/loss", float("nan")), "config": warmup_identity(cfg)}
-    atomic_file(out / WARMUP_STATS, lambda tmp: tmp.write_text(json.dumps(stats, indent=1)))
+    write_json(out / WARMUP_STATS, stats)
     log.info("warm-up done in %.1fs: loss %.3f, token acc %.3f", time.time() - t0,
              metrics.get("sft/loss", float("nan")), metrics.get("sft/token_acc", float("nan")))
     return model, tokenizer, chat
@@ -437,8 +437,8 @@ class PPOSession:
         p = cfg.ppo
         self.hp = ppo_hyper(cfg)
         self.guard = StepGuard(cfg.max_nonfinite_steps)
-        self.reward_bounds = (-reward_bound(cfg.reward.model_dump(), cfg.env.max_turns),
-                              reward_bound(cfg.reward.model_dump(), cfg.env.max_turns))
+        bound = reward_bound(cfg.reward.model_dump(), cfg.env.max_turns)
+        self.reward_bounds = (-bound, bound)
         self.acc = make_accelerator(cfg, ws.device, p.mixed_precision, p.grad_accum)
         attention_for_precision(model, ws.device, p.mixed_precision)
         optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=p.lr, weight_decay=0.0)
@@ -540,10 +540,10 @@ class PPOSession:
 
     def save(self) -> Path:
         """Atomically write the checkpoint (policy, optimizer, scheduler, RNG, history, and the
-        configuration it was made with); a non-finite policy is refused before anything is written."""
+        configuration it was made with); a non-finite policy is refused before anything is written
+        (by ``save_actor_critic``, as every write of a policy)."""
         from models.policy import save_actor_critic
 
-        assert_finite(self.policy, f"checkpoint of PPO iteration {self.iteration}")
         return ckpt.save_checkpoint(self.last, lambda d: save_actor_critic(self.policy, self.tokenizer, d),
                                     self.optimizer, self.scheduler, self.iteration,
                                     {"history": self.history, "config": ppo_identity(self.cfg)})
