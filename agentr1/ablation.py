@@ -233,9 +233,10 @@ def naive_rag_engine(cfg: Config, ws, model, tokenizer, chat, records: list):
     """A rollout engine playing naive RAG on ``records``: a 2-turn environment and a backend
     that forces the first search (``env.max_query_chars`` of the question) and the answer tag."""
     from agentr1.env.protocol import ANSWER_START, format_tool_call
-    from agentr1.trainer import make_engine, make_env
+    from agentr1.env.registry import build_env
+    from agentr1.trainer import make_engine
 
-    env = make_env(derive(cfg, ["env.max_turns=2"]), ws.env.search)
+    env = build_env(derive(cfg, ["env.max_turns=2"]), ws.data_dir)
     engine = make_engine(cfg, env, model, tokenizer, chat, ws.device)
     system = env.system_prompt() or None
     first = {tuple(chat.prompt_ids(system, env.user_prompt(r))):

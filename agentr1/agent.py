@@ -1,11 +1,13 @@
-"""The trained agent answering questions: a policy, its search tool over a corpus, and the
-rollout engine, built from a run's own config with the same functions training uses
-(``trainer.make_env`` / ``make_engine``), so an answer here is an episode of evaluation.
+"""The trained agent answering questions: a policy, its environment and tools (for the search
+agent: its corpus), and the rollout engine, built from a run's own config with the same functions
+training uses (``env.registry.build_env`` / ``trainer.make_engine``), so an answer here is an
+episode of evaluation.
 
 ``Agent.answer`` plays full multi-turn episodes, batched, and returns per question a plain,
 JSON-ready dict (the MLflow model in ``tasks/agent_model.py`` and ``agentr1 ask`` both return it)::
 
-    {"question": str, "answer": str | None, "tool_calls": [{"query": str, "result": str | None}],
+    {"question": str, "answer": str | None,
+     "tool_calls": [{"name": str, "arguments": dict, "result": str | None}],
      "turns": int, "finish": "answer" | "max_turns" | "context",
      "transcript": [{"role": "assistant" | "tool", "text": str}]}
 
@@ -19,9 +21,9 @@ from typing import TYPE_CHECKING
 
 from agentr1.config import Config
 from agentr1.data.records import MAX_FIELD_CHARS, QARecord
-from agentr1.env.protocol import parse_turn
 
 if TYPE_CHECKING:
+    from agentr1.env.base import Environment
     from agentr1.rollout.engine import Trajectory
 
 BATCH = 16
@@ -57,18 +59,18 @@ def check_request(questions: Sequence[object], temperature: float) -> list[str]:
     return check_questions(questions)
 
 
-def transcript(question: str, traj: Trajectory, max_query_chars: int) -> dict:
+def transcript(question: str, traj: Trajectory, env: Environment) -> dict:
     """The JSON-ready result of one episode (module docstring). Turns are parsed again with the
-    environment's own parser and limit, so answer and calls are what the environment saw."""
+    environment's own parser, so answer and calls are what the environment saw."""
     calls, answer, shown = [], None, []
     for k, text in enumerate(traj.turn_texts):
         observation = traj.observations[k] if k < len(traj.observations) else None
         shown.append({"role": "assistant", "text": text})
         if observation is not None:
             shown.append({"role": "tool", "text": observation})
-        turn = parse_turn(text, max_query_chars)
+        turn = env.parse(text)
         if turn.kind == "tool_call":
-            calls.append({"query": turn.query, "result": observation})
+            calls.append({"name": turn.name, "arguments": turn.arguments, "result": observation})
         elif turn.kind == "answer":
             answer = turn.answer
     return {"question": question, "answer": answer, "tool_calls": calls, "turns": len(traj.turn_texts),
@@ -76,22 +78,23 @@ def transcript(question: str, traj: Trajectory, max_query_chars: int) -> dict:
 
 
 class Agent:
-    """A policy directory + a corpus file, acting with the settings of ``cfg`` (the run's own:
-    prompt, environment, reward, rollout engine). ``device`` None: ``cfg.device``."""
+    """A policy directory + the environment's resources (a dataset directory, or for the search
+    agent its corpus file), acting with the settings of ``cfg`` (the run's own: environment kind
+    and tools, prompt, reward, rollout engine). ``device`` None: ``cfg.device``."""
 
-    def __init__(self, cfg: Config, policy_dir: str | Path, corpus_file: str | Path, device: str | None = None):
+    def __init__(self, cfg: Config, policy_dir: str | Path, resources: str | Path, device: str | None = None):
         # Heavy imports here: this module is imported by the CLI's parser.
-        from agentr1.data.records import load_corpus
-        from agentr1.env.search import SearchIndex
-        from agentr1.trainer import Workspace, make_engine, make_env, resolve_device
+        from agentr1.env.registry import build_env
+        from agentr1.trainer import Workspace, make_engine, resolve_device
         from models.chat import ChatFormat
         from models.policy import load_actor_critic
 
         cfg = cfg.model_copy(update={"device": device}) if device else cfg
-        corpus_file = Path(corpus_file)
-        env = make_env(cfg, SearchIndex.build(load_corpus(corpus_file)))
+        resources = Path(resources)
+        env = build_env(cfg, resources)
         # A Workspace without splits: the one place that says which tools the prompt shows.
-        ws = Workspace(cfg, corpus_file.parent, {}, env, resolve_device(cfg))
+        ws = Workspace(cfg, resources if resources.is_dir() else resources.parent, {}, env, resolve_device(cfg))
+        self.env = env
         model, self.tokenizer = load_actor_critic(policy_dir, device=ws.device)
         self.cfg = cfg
         self.engine = make_engine(cfg, env, model, self.tokenizer, ChatFormat(self.tokenizer, ws.tools), ws.device)
@@ -106,5 +109,5 @@ class Agent:
         for start in range(0, len(records), BATCH):
             chunk = records[start: start + BATCH]
             for r, traj in zip(chunk, self.engine.run(chunk, seed=seed + start, temperature=temperature)):
-                out.append(transcript(r.question, traj, self.cfg.env.max_query_chars))
+                out.append(transcript(r.question, traj, self.env))
         return out

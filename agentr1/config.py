@@ -66,6 +66,11 @@ class ModelConfig(_Section):
 
 
 class EnvConfig(_Section):
+    kind: str = "qa"
+    """The environment (``agentr1.env.registry``): ``qa`` (search, then answer), ``tools`` (the
+    tools of ``tools`` alone), or one a plug-in registers."""
+    tools: list[str] = []
+    """Registered tools the agent has beside the environment's own (``qa`` always has ``search``)."""
     top_k: int = Field(1, ge=1, le=20)
     max_turns: int = Field(4, ge=1)
     """Assistant turns per episode, the answer turn included."""
@@ -200,6 +205,9 @@ class Config(_Section):
     max_nonfinite_steps: int = Field(8, ge=1)
     """Optimizer steps in a row (warm-up or PPO) whose loss or gradient norm is NaN/inf before
     the run stops with an error; fewer are skipped and counted (``*/skipped_steps``)."""
+    plugins: list[str] = []
+    """Modules or ``.py`` files imported before the rest of the config is checked: they register
+    environments and tools (``agentr1.env.registry``; docs/add-a-tool.md)."""
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     env: EnvConfig = EnvConfig()
@@ -209,6 +217,25 @@ class Config(_Section):
     ppo: PPOConfig = PPOConfig()
     eval: EvalConfig = EvalConfig()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _load_plugins(cls, data: Any) -> Any:
+        # Before the sections are checked, so env.kind / env.tools may name what they register.
+        from agentr1.env.registry import load_plugins
+
+        plugins = data.get("plugins") if isinstance(data, dict) else None
+        if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
+            load_plugins(plugins)
+        return data
+
+    @model_validator(mode="after")
+    def _check_env(self) -> "Config":
+        from agentr1.env.registry import check_tools, env_kind
+
+        env_kind(self.env.kind)
+        check_tools(self.env.tools)
+        return self
+
 
 class ConfigError(ValueError):
     """A config file or override that does not validate; the message names the key."""
@@ -217,6 +244,9 @@ class ConfigError(ValueError):
 def _format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid config ({source}):"]
     for e in err.errors():
+        if not e["loc"] and e["type"] == "value_error":  # a whole-config check: its message names the key
+            lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
+            continue
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         lines.append(f"  {key}: {e['msg']} (got {e.get('input')!r})")
     return "\n".join(lines)

@@ -32,11 +32,9 @@ from agentr1 import checkpoint as ckpt
 from agentr1.config import Config
 from agentr1.data.records import (DataError, QARecord, generation_needed, load_corpus_dir, load_dataset, split_path,
                                   write_dataset)
-from agentr1.env.agents import ExpertNoise, NoisyExpertAgent, run_episodes
-from agentr1.env.protocol import tool_call_scaffold
-from agentr1.env.qa_env import EnvSettings, QAEnv
-from agentr1.env.rewards import RewardWeights
-from agentr1.env.search import SearchIndex
+from agentr1.env.agents import run_episodes
+from agentr1.env.base import Environment, NoDemonstrations
+from agentr1.env.registry import build_env, synth_data
 from agentr1.evaluate import EvalResult, evaluate, render_trajectory
 from agentr1.fsutil import recover_dir, write_json
 from agentr1.rl.guard import StepGuard, TrainingDiverged, assert_finite_outputs
@@ -77,23 +75,24 @@ def ensure_data(cfg: Config) -> Path:
     it is for the loader to judge: an incomplete one is refused, naming what is missing."""
     data_dir = Path(cfg.data.dir)
     if generation_needed(data_dir):
-        from agentr1.data.synth import generate
-
-        s = cfg.data.synth
-        log.info("generating synthetic data (seed %d) into %s", s.seed, data_dir)
-        splits, corpus = generate(s.seed, n_train=s.n_train, n_dev=s.n_dev, n_test=s.n_test, names=s.names)
-        write_dataset(data_dir, splits, corpus)
+        log.info("generating the %s environment's synthetic data (seed %d) into %s",
+                 cfg.env.kind, cfg.data.synth.seed, data_dir)
+        generated = synth_data(cfg)
+        if generated is None:
+            raise DataError(data_dir, None, None, f"no dataset here, and the {cfg.env.kind!r} environment has no "
+                            "generator: give data.dir a dataset (qa/{train,dev,test}.jsonl, corpus.jsonl)")
+        write_dataset(data_dir, *generated)
     return data_dir
 
 
 @dataclass
 class Workspace:
-    """Data, search and environment for one run (built once, shared by the stages)."""
+    """Data, environment (with its tools) and device for one run (built once, shared by the stages)."""
 
     cfg: Config
     data_dir: Path
     splits: dict[str, list[QARecord]]
-    env: QAEnv
+    env: Environment
     device: torch.device
 
     @property
@@ -118,14 +117,10 @@ class Workspace:
     def build(cls, cfg: Config) -> "Workspace":
         data_dir = ensure_data(cfg)
         splits, _ = load_dataset(data_dir)  # the one schema check: bad data stops here, before any write
-        return cls(cfg, data_dir, splits, make_env(cfg, SearchIndex.from_data_dir(data_dir)), resolve_device(cfg))
+        return cls(cfg, data_dir, splits, build_env(cfg, data_dir), resolve_device(cfg))
 
 
-def make_env(cfg: Config, search: SearchIndex) -> QAEnv:
-    return QAEnv(search, EnvSettings.from_config(cfg.env), RewardWeights.from_config(cfg.reward))
-
-
-def make_engine(cfg: Config, env: QAEnv, model, tokenizer, chat, device) -> RolloutEngine:
+def make_engine(cfg: Config, env: Environment, model, tokenizer, chat, device) -> RolloutEngine:
     from agentr1.rollout.vllm_backend import VLLMBackend, resolve_backend
 
     if resolve_backend(cfg.rollout.backend, model.policy, device) == "vllm":
@@ -170,10 +165,8 @@ def cosine_schedule(optimizer, warmup: int, total: int, warmdown_ratio: float = 
 
 
 def expert_transcripts(ws: Workspace, n: int, seed: int):
-    """``n`` noisy-expert episodes over the train split (cycled if it is smaller)."""
-    e = ws.cfg.sft.expert
-    agent = NoisyExpertAgent(ExpertNoise(stop_short_3hop=e.stop_short_3hop, distractor=e.distractor,
-                                         malformed=e.malformed, seed=seed))
+    """``n`` episodes of the environment's demonstrator over the train split (cycled if it is smaller)."""
+    agent = ws.env.demonstrator(ws.cfg.sft.expert, seed)
     train = ws.split("train")
     records = [train[i % len(train)] for i in range(n)]
     return records, run_episodes(ws.env, agent, records)
@@ -195,18 +188,15 @@ def demonstrations_needed(cfg: Config) -> int:
 
 
 def check_demonstrable(cfg: Config, ws: Workspace) -> None:
-    """Refuse, before anything is written, a warm-up whose scripted expert cannot play the data:
-    it follows the relation chain of synthetic questions (``meta["chain"]``), which converted
-    real data has not. A finished warm-up of this config, or none needed, passes."""
+    """Refuse, before anything is written, a warm-up whose environment cannot demonstrate the
+    training data (a DataError naming the record; for an environment without a demonstrator, what
+    to do instead). A finished warm-up of this config, or none needed, passes."""
     if not demonstrations_needed(cfg) or finished_warmup(cfg) is not None:
         return
-    for line, record in enumerate(ws.split("train"), start=1):
-        if "chain" not in record.meta:
-            raise DataError(split_path(ws.data_dir, "train"), line, "meta.chain",
-                            f"record {record.id!r} has no relation chain: the warm-up's scripted expert plays "
-                            "synthetic questions only. For real data start from an existing warm-up (copy it to "
-                            "<output_dir>/warmup; the ablation's warmup=DIR) or a pretrained model with "
-                            "sft.steps=0 and sft.value_fit_episodes=0")
+    try:
+        ws.env.check_demonstrable(ws.split("train"), split_path(ws.data_dir, "train"))
+    except NoDemonstrations as err:
+        raise DataError(split_path(ws.data_dir, "train"), None, None, str(err)) from None
 
 
 def tokenizer_texts(ws: Workspace, records, transcripts) -> list[str]:
@@ -247,7 +237,7 @@ def build_model(cfg: Config, ws: Workspace, records, transcripts):
         from models.tokenizer import build_tokenizer
 
         tokenizer = build_tokenizer(tokenizer_texts(ws, records, transcripts), vocab_size=cfg.model.vocab_size,
-                                    phrases=tool_call_scaffold())
+                                    phrases=ws.env.tokenizer_phrases())
         model = build_policy(ModelSpec.from_config(cfg.model), tokenizer, seed=cfg.seed)
     return model, tokenizer, ChatFormat(tokenizer, ws.tools)
 
@@ -265,7 +255,7 @@ def corpus_rows(ws: Workspace, tokenizer, block: int) -> torch.Tensor:
     return pack_documents(docs, block, tokenizer.eos_token_id)
 
 
-def encode_transcripts(chat, env: QAEnv, records, transcripts) -> list[tuple[list[int], list[int]]]:
+def encode_transcripts(chat, env: Environment, records, transcripts) -> list[tuple[list[int], list[int]]]:
     system = env.system_prompt() or None
     return chat.encode_episodes([(system, env.user_prompt(r), t.turn_texts, t.observations)
                                  for r, t in zip(records, transcripts)])

@@ -4,6 +4,7 @@
     agentr1 pipeline -o ppo.iterations=5 --output-dir runs/try
     agentr1 pipeline --flow retrain --margin 0.02
     agentr1 pipeline --flow evaluate --model champion --split dev
+    agentr1 pipeline --preset quick --source hotpotqa --input hotpotqa_train.json -o data.dir=data-hotpotqa
     agentr1 ablate --preset quick                      # the ablation flow (flows/ablation.py)
 
 When a Prefect server answers on the default local address (``make ui``) and
@@ -45,7 +46,7 @@ def use_local_server(api: str = LOCAL_PREFECT_API) -> bool:
 
 def flow_params(args: argparse.Namespace):
     """The flow and its parameter model from the command line."""
-    from tasks.params import EvaluateParams, PipelineParams, RetrainParams
+    from tasks.params import DataSource, EvaluateParams, PipelineParams, RetrainParams
 
     common = {"preset": args.preset, "overrides": args.override, "output_dir": args.output_dir}
     if args.flow == "evaluate":
@@ -53,6 +54,10 @@ def flow_params(args: argparse.Namespace):
 
         return evaluate, EvaluateParams(**common, model=args.model, split=args.split)
     margin = {} if args.margin is None else {"margin": args.margin}
+    # The form's data source: where the dataset comes from when data.dir holds none yet.
+    source = {k: v for k, v in (("kind", args.source), ("input", args.input), ("dev_fraction", args.dev_fraction),
+                                ("test_fraction", args.test_fraction)) if v is not None}
+    common["data"] = DataSource(**source)
     if args.flow == "retrain":
         from flows.retrain import retrain
 
@@ -136,6 +141,12 @@ def add_pipeline(subparsers: argparse._SubParsersAction) -> None:
                    help="set a config value by dotted key, e.g. -o ppo.iterations=5 (repeatable)")
     p.add_argument("--output-dir", default=None, help="run directory (default: runs/<flow>/<UTC time>)")
     p.add_argument("--margin", type=float, default=None, help="pipeline/retrain: promotion margin")
+    p.add_argument("--source", choices=("synthetic", "hotpotqa", "musique"), default=None,
+                   help="pipeline/retrain: where the data comes from when data.dir holds none (default: synthetic)")
+    p.add_argument("--input", default=None, help="pipeline/retrain: the HotpotQA / MuSiQue file to convert")
+    p.add_argument("--dev-fraction", type=float, default=None, help="pipeline/retrain: share of converted records in dev")
+    p.add_argument("--test-fraction", type=float, default=None,
+                   help="pipeline/retrain: share of converted records in test")
     p.add_argument("--model", default="champion", help="evaluate: a policy dir, version, alias or models:/ URI")
     p.add_argument("--split", default="test", help="evaluate: the split")
     p.add_argument("--json", action="store_true", help="print the flow's result as JSON instead")

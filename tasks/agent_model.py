@@ -2,9 +2,11 @@
 file with the model and runs it when loading, so loading a registered model unpickles nothing.
 
 ``tracking.log_policy_model`` logs it with the policy directory and the corpus its search
-tool reads as artifacts, and the run's own settings as ``model_config`` (``tracking.agent_config``):
+tool reads (and the run's plug-in ``.py`` files, which register its tools) as artifacts, and the
+run's own settings as ``model_config`` (``tracking.agent_config``):
 
-- ``config``: the run's ``seed``, ``env``, ``reward`` and ``rollout`` sections;
+- ``config``: the run's ``seed``, ``env`` (environment kind and tools), ``reward`` and ``rollout``
+  sections, and its plug-ins;
 - ``corpus``: None (the logged corpus), or another ``corpus.jsonl`` of the same format,
   given at load time: ``mlflow.pyfunc.load_model(uri, model_config={"corpus": path})``, or
   for ``mlflow models serve`` through ``MLFLOW_PYFUNC_INFERENCE_CONFIG='{"corpus": path}'``;
@@ -25,7 +27,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from agentr1.agent import check_request
-from tasks.tracking import CORPUS_ARTIFACT, POLICY_ARTIFACT
+from tasks.tracking import CORPUS_ARTIFACT, PLUGIN_ARTIFACT, POLICY_ARTIFACT
 
 QUESTION = "question"
 
@@ -39,7 +41,9 @@ class AgentModel(mlflow.pyfunc.PythonModel):
 
         conf = context.model_config
         corpus = conf.get("corpus") or context.artifacts[CORPUS_ARTIFACT]
-        self.agent = Agent(Config.model_validate(conf["config"]), context.artifacts[POLICY_ARTIFACT], corpus,
+        plugins = [path for key, path in sorted(context.artifacts.items()) if key.startswith(PLUGIN_ARTIFACT)]
+        config = {**conf["config"], "plugins": [*conf["config"].get("plugins", []), *plugins]}
+        self.agent = Agent(Config.model_validate(config), context.artifacts[POLICY_ARTIFACT], corpus,
                            device=conf.get("device"))
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list[dict]:

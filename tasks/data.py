@@ -177,7 +177,7 @@ def dataset_reports(cfg: Config, source: DataSource) -> list[ValidationReport]:
         make_data(cfg, source)
     except DataError as err:
         return [records_report(cfg.data.dir, getattr(err, "errors", [err]))]
-    return validate_dataset(cfg.data.dir)
+    return validate_dataset(cfg.data.dir, cfg.env.kind)
 
 
 def passed_suites(data_dir: Path, reports: list[ValidationReport]) -> list[dict]:

@@ -109,6 +109,8 @@ SEARCH_MAX_RESULTS = 1000  # RUNNING runs looked at per start: far more than eve
 AGENT_MODEL_CODE = Path(__file__).with_name("agent_model.py")
 POLICY_ARTIFACT = "policy"
 CORPUS_ARTIFACT = "corpus"
+PLUGIN_ARTIFACT = "plugin_"
+"""Prefix of the artifacts holding the run's plug-in ``.py`` files (``plugin_0``, ...)."""
 AGENT_SECTIONS = ("seed", "env", "reward", "rollout")  # the config an episode depends on
 MODEL_REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "pandas", "mlflow", "pydantic",
                       "bm25s", "PyStemmer", "scipy", "numpy")
@@ -559,6 +561,8 @@ def agent_config(cfg: Config) -> dict[str, Any]:
     load-time options, unset. A default ``Config()`` here would silently differ from the
     trained prompt, hence no default."""
     sections = {k: v for k, v in cfg.model_dump(mode="json").items() if k in AGENT_SECTIONS}
+    # Plug-in files travel as artifacts (PLUGIN_ARTIFACT*); the model imports those copies.
+    sections["plugins"] = [p for p in cfg.plugins if not p.endswith(".py")]
     return {"config": sections, "corpus": None, "device": None}
 
 
@@ -588,9 +592,12 @@ def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str 
     if not any((model_dir / f).is_file() for f in ("config.json", ADAPTER_CONFIG_FILE)):
         raise FileNotFoundError(f"{model_dir}: not a Hugging Face model directory "
                                 f"(no config.json or {ADAPTER_CONFIG_FILE})")
+    from agentr1.env.registry import plugin_files
+
     corpus = Path(corpus) if corpus is not None else corpus_path(cfg.data.dir)
     if not corpus.is_file():
         raise FileNotFoundError(f"{corpus}: the corpus the agent searches is missing")
+    plugins = {f"{PLUGIN_ARTIFACT}{i}": str(p) for i, p in enumerate(plugin_files(cfg.plugins))}
     c = client()
     # Created here, not by Model.log: that would file it under the process's "current"
     # experiment rather than the run's.
@@ -604,7 +611,7 @@ def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str 
         info = mlflow.models.Model.log(
             artifact_path=None, name=name, flavor=mlflow.pyfunc, run_id=run_id, model_id=logged.model_id,
             python_model=str(AGENT_MODEL_CODE),
-            artifacts={POLICY_ARTIFACT: str(model_dir), CORPUS_ARTIFACT: str(corpus)},
+            artifacts={POLICY_ARTIFACT: str(model_dir), CORPUS_ARTIFACT: str(corpus), **plugins},
             model_config=agent_config(cfg), pip_requirements=_requirements(), signature=signature,
         )
     return info.model_uri

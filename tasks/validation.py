@@ -225,16 +225,22 @@ def _build_gx() -> _Gx:
     context = gx.get_context(mode="ephemeral")
     # tqdm bars from every metric computation would flood test output and Prefect logs.
     context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
-    source = context.data_sources.add_pandas("agentr1")
-    batch_definitions, suites = {}, {}
+    state = _Gx(context, {}, {})
+    context.data_sources.add_pandas("agentr1")
     for name, checks in SUITES.items():
-        asset = source.add_dataframe_asset(name)
-        batch_definitions[name] = asset.add_batch_definition_whole_dataframe(name)
-        suite = gx.ExpectationSuite(name=name)
-        for c in checks:
-            suite.add_expectation(getattr(gx.expectations, c.expectation)(**c.kwargs, meta={"check": c.name}))
-        suites[name] = context.suites.add(suite)
-    return _Gx(context, batch_definitions, suites)
+        _add_suite(state, name, checks)
+    return state
+
+
+def _add_suite(state: _Gx, name: str, checks: list[Check]) -> None:
+    import great_expectations as gx
+
+    asset = state.context.data_sources.get("agentr1").add_dataframe_asset(name)
+    state.batch_definitions[name] = asset.add_batch_definition_whole_dataframe(name)
+    suite = gx.ExpectationSuite(name=name)
+    for c in checks:
+        suite.add_expectation(getattr(gx.expectations, c.expectation)(**c.kwargs, meta={"check": c.name}))
+    state.suites[name] = state.context.suites.add(suite)
 
 
 def _run_gx(suite: str, frame: pd.DataFrame, params: dict) -> Any:
@@ -245,6 +251,8 @@ def _run_gx(suite: str, frame: pd.DataFrame, params: dict) -> Any:
     with _LOCK:
         if _GX is None:
             _GX = _build_gx()
+        if suite not in _GX.suites:  # an environment kind's suite, made when first used
+            _add_suite(_GX, suite, SUITES[suite])
         batch = _GX.batch_definitions[suite].get_batch(batch_parameters={"dataframe": frame})
         return batch.validate(_GX.suites[suite], expectation_parameters=params, result_format=result_format)
 
@@ -438,16 +446,18 @@ def records_report(data_dir: str | os.PathLike, errors: list[DataError]) -> Vali
     return ValidationReport("records", False, 0, [failure], str(data_dir), 1)
 
 
-def validate_dataset(data_dir: str | os.PathLike) -> list[ValidationReport]:
+def validate_dataset(data_dir: str | os.PathLike, env_kind: str | None = None) -> list[ValidationReport]:
     """The engine's schema check (the verdict of every other entry point) as the ``records``
-    report when it fails, else the GX suites (``suite_reports``), which use the engine's limits."""
+    report when it fails, else the GX suites (``suite_reports``, with ``env_kind``'s own), which
+    use the engine's limits."""
     errors = check_dataset(data_dir)
-    return [records_report(data_dir, errors)] if errors else suite_reports(data_dir)
+    return [records_report(data_dir, errors)] if errors else suite_reports(data_dir, env_kind)
 
 
-def suite_reports(data_dir: str | os.PathLike) -> list[ValidationReport]:
+def suite_reports(data_dir: str | os.PathLike, env_kind: str | None = None) -> list[ValidationReport]:
     """The GX suites alone: the corpus, every split under DIR/qa, and record ids across splits
-    (in that order)."""
+    (in that order); then, given the run's environment kind, its own suite (``env_<kind>``: what
+    its records must satisfy, e.g. gold calls for the warm-up) on the splits it covers."""
     corpus_report, corpus_ids = _validate_corpus(corpus_path(data_dir))
     reports, frames = [corpus_report], []
     for split in available_splits(data_dir):
@@ -456,6 +466,39 @@ def suite_reports(data_dir: str | os.PathLike) -> list[ValidationReport]:
         reports.append(_validate("qa_split", frames[-1], str(path), {"max_hops": MAX_HOPS}))
     source = str(Path(data_dir) / DATASET_SOURCE)
     reports.append(_validate("qa_dataset", _dataset_frame(frames), source, {}))
+    return reports + (env_reports(data_dir, env_kind) if env_kind else [])
+
+
+def env_suite(kind: str) -> tuple[str, list]:
+    """The suite name and the record rules of environment ``kind`` (``agentr1.env.registry``)."""
+    from agentr1.env.registry import env_kind
+
+    rules = env_kind(kind).record_rules
+    name = f"env_{kind}"
+    # Rules are plain words here: braces in them are text, not suite parameters.
+    SUITES.setdefault(name, [_zero(r.name, r.rule.replace("{", "{{").replace("}", "}}"), r.field, f"kind_{r.name}",
+                                   f"v_kind_{r.name}") for r in rules])
+    return name, list(rules)
+
+
+def env_reports(data_dir: str | os.PathLike, kind: str) -> list[ValidationReport]:
+    """Environment ``kind``'s suite on each split its rules cover (none: no report)."""
+    name, rules = env_suite(kind)
+    reports = []
+    for split in available_splits(data_dir):
+        applying = [r for r in rules if split in r.splits]
+        if not applying:
+            continue
+        path = split_path(data_dir, split)
+        columns = [c for r in rules for c in (f"kind_{r.name}", f"v_kind_{r.name}")]
+
+        def derive(obj: dict) -> dict:
+            # A rule that does not cover this split holds by definition here.
+            return {k: v for r in rules for k, v in (
+                (f"kind_{r.name}", r.problems(obj) if r in applying else 0),
+                (f"v_kind_{r.name}", _show(obj.get(r.field, _ABSENT))))}
+
+        reports.append(_validate(name, _jsonl_frame(path, derive, columns), str(path), {}))
     return reports
 
 

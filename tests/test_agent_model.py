@@ -102,8 +102,18 @@ def test_transcript_pairs_each_call_with_its_result_and_reads_the_answer():
                       turn_texts=['<tool_call>{"name": "search", "arguments": {"query": "Kelmora"}}</tool_call>',
                                   "no tags", "<answer>Drastin Vole</answer>"],
                       observations=["Doc 1 (Kelmora): born in Vole.", "Error: no tool call or answer"])
-    out = transcript("Who?", traj, max_query_chars=200)
-    assert out["tool_calls"] == [{"query": "Kelmora", "result": "Doc 1 (Kelmora): born in Vole."}]
+    from agentr1.config import EnvConfig, RewardConfig
+    from agentr1.env.base import EnvSettings, ToolEnv
+    from agentr1.env.rewards import RewardWeights
+    from agentr1.env.search import SearchTool
+    from agentr1.env.tools import Tool
+
+    # The environment's parser is all a transcript needs: the search tool's schema, no index.
+    env = ToolEnv([Tool.from_callable(SearchTool(None, 1, None, False))], EnvSettings.from_config(EnvConfig()),
+                  RewardWeights.from_config(RewardConfig()))
+    out = transcript("Who?", traj, env)
+    assert out["tool_calls"] == [{"name": "search", "arguments": {"query": "Kelmora"},
+                                  "result": "Doc 1 (Kelmora): born in Vole."}]
     assert out["answer"] == "Drastin Vole" and exact_match(out["answer"], ["drastin vole"]) == 1.0
     assert out["turns"] == 3 and out["finish"] == "answer"
     assert [p["role"] for p in out["transcript"]] == ["assistant", "tool", "assistant", "tool", "assistant"]

@@ -137,8 +137,8 @@ def test_distractor_copies_the_distractor_value(world):
 
 
 @pytest.mark.parametrize("variant", range(len(agents._MALFORMED_CALLS)))
-def test_malformed_variants_are_invalid(variant):
-    turn = parse_turn(agents._malformed_call(variant, "Zorvak Pellin"))
+def test_malformed_variants_are_invalid(variant, world):
+    turn = _env(world[1]).parse(agents._malformed_call(variant, "Zorvak Pellin"))
     assert turn.kind == "invalid" and "invalid tool call" in turn.error
 
 

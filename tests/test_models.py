@@ -28,7 +28,8 @@ from models import (
     save_actor_critic,
 )
 from agentr1.config import ModelConfig
-from agentr1.env.protocol import tool_call_scaffold
+from agentr1.env.search import SearchTool
+from agentr1.env.tools import Tool
 from models.tokenizer import MAX_CAPITALISED_TOKEN
 
 TINY = ModelSpec.from_config(ModelConfig(), hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
@@ -80,7 +81,7 @@ def corpus() -> list[str]:
 
 @pytest.fixture(scope="module")
 def tok(corpus):
-    return build_tokenizer(corpus, vocab_size=1024, phrases=tool_call_scaffold())
+    return build_tokenizer(corpus, vocab_size=1024, phrases=_search_scaffold())
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +105,13 @@ def test_special_tokens_are_single_ids_in_order(tok):
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<pad>"
 
 
+def _search_scaffold() -> tuple[str, str]:
+    return Tool.from_callable(SearchTool(None, 1, None, False)).scaffold()
+
+
 def test_tool_call_scaffold_is_one_token_each_side(tok):
-    before, after = tool_call_scaffold()
+    before, after = _search_scaffold()
+    assert (before, after) == ('{"name": "search", "arguments": {"query": "', '"}}')
     assert tool_call("Q") == f"<tool_call>{before}Q{after}</tool_call>"
     name = "Zorvak Pellin"
     ids = tok.encode(tool_call(name), add_special_tokens=False)

@@ -14,7 +14,6 @@ from agentr1.env.protocol import (
     EXCERPT_CHARS,
     IM_END,
     IM_START,
-    SEARCH_TOOL_SCHEMA,
     THINK_END,
     THINK_START,
     TOOL_CALL_END,
@@ -27,8 +26,19 @@ from agentr1.env.protocol import (
     format_answer,
     format_tool_call,
     format_tool_response,
-    parse_turn,
 )
+from agentr1.env.protocol import parse_turn as parse_any
+from agentr1.env.search import SearchTool
+from agentr1.env.tools import Tool
+
+# The search tool's schema, derived from its signature and docstring (no index needed for that).
+SEARCH_TOOL = Tool.from_callable(SearchTool(None, 1, None, False))
+SEARCH_TOOL_SCHEMA = SEARCH_TOOL.schema
+
+
+def parse_turn(text: str, max_query_chars: int = 200):
+    """The search environment's parser: arguments checked against the search tool's schema."""
+    return parse_any(text, {SEARCH_TOOL.name: SEARCH_TOOL.parameters}, max_query_chars)
 
 TAGS = (TOOL_CALL_START, TOOL_CALL_END, ANSWER_START, ANSWER_END, THINK_START, THINK_END,
         TOOL_RESPONSE_START, TOOL_RESPONSE_END, IM_START, IM_END, EOS)
@@ -145,7 +155,7 @@ def _plain(s: str) -> bool:
 @given(st.text(min_size=1, max_size=200).filter(_plain))
 def test_tool_call_round_trips(query):
     turn = parse_turn(format_tool_call(query))
-    assert turn == ParsedTurn(kind="tool_call", query=query)
+    assert turn == ParsedTurn(kind="tool_call", name="search", arguments={"query": query})
 
 
 @settings(max_examples=200, deadline=None)

@@ -115,7 +115,7 @@ def test_correct_answer_ends_episode_with_outcome_and_metrics():
     assert (end.info["em"], end.info["f1"], end.info["format_ok"], end.info["answered"]) == (1.0, 1.0, 1.0, 1.0)
     assert env.episode_metrics(state) == {
         "em": 1.0, "f1": 1.0, "contains": 1.0, "format_ok": 1.0, "answered": 1.0, "n_calls": 2.0,
-        "n_bad_calls": 0.0, "turns": 3.0, "support_recall": 1.0, "retrieval_hit": 1.0,
+        "n_bad_calls": 0.0, "n_tool_errors": 0.0, "turns": 3.0, "support_recall": 1.0, "retrieval_hit": 1.0,
     }
     with pytest.raises(ValueError, match="already done"):
         env.step(state, format_answer("x"))

@@ -533,3 +533,9 @@ def dataset_stats(splits: dict[str, list[QARecord]], corpus: Sequence[Document])
         "n_kinds": len({r.meta.get("kind") for rs in splits.values() for r in rs}),
         "majority_answer_em_test": majority_baseline_em(splits.get("train", []), splits.get("test", [])),
     }
+
+
+def generate_from_config(cfg) -> tuple[dict[str, list[QARecord]], list[Document]]:
+    """The ``qa`` environment's generator: :func:`generate` with ``cfg.data.synth``."""
+    s = cfg.data.synth
+    return generate(s.seed, n_train=s.n_train, n_dev=s.n_dev, n_test=s.n_test, names=s.names)

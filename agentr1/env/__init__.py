@@ -1,7 +1,11 @@
-"""The agent's world: tool-call protocol, search tool, QA environment, rewards, scripted agents.
+"""The agent's world: environments, tools, the tool-call protocol, rewards, scripted agents.
 
-Modules: ``protocol`` (parse/format turns), ``search`` (BM25 index), ``qa_env`` (QAEnv),
-``rewards`` (answer metrics, reward weights), ``agents`` (oracle / noisy expert, run_episode).
+Modules: ``base`` (the Environment interface; ToolEnv, the tool-use environment), ``tools``
+(typed Python callables as tools: schema, argument checks, contained failures), ``registry``
+(environments and tools by name: ``env.kind``, ``env.tools``, plug-ins), ``protocol``
+(parse/format turns), ``search`` (BM25 index, the search tool), ``qa_env`` (QAEnv: multi-hop QA
+over search), ``rewards`` (answer metrics, reward weights), ``agents`` (oracle / noisy expert /
+gold-calls demonstrators, run_episodes).
 Only the light modules are re-exported here, so ``import agentr1.env.protocol`` does not
 pull in the search backend.
 """

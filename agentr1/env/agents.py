@@ -1,4 +1,4 @@
-"""Scripted agents that play the QA environment, and the loop that runs them.
+"""Scripted agents that play an environment, and the loop that runs them.
 
 ``OracleAgent`` proves the synthetic task is solvable through search alone: it takes only
 the hop-0 entity (which is in the question) and the relation path from ``meta["chain"]``;
@@ -6,6 +6,9 @@ every later query and the answer are read from what the search returned, with
 ``synth.extract_relation``. ``NoisyExpertAgent`` is the same agent with scripted, seeded
 mistakes; its transcripts are the warm-up demonstrations, wrong in systematic ways
 (usually one hop short on 3-hop questions) so that RL has something to discover.
+
+``GoldCallsAgent`` plays any tool environment from each record's gold calls (a record's
+``meta["calls"]``, or the titles of its supporting documents for converted real QA data).
 
 Agents are stateless: ``act`` recomputes where the episode stands from the chat messages,
 so one agent object can serve any number of episodes, in any order or batch.
@@ -15,7 +18,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from agentr1.data.records import QARecord
 from agentr1.data.synth import extract_relation
@@ -23,11 +26,15 @@ from agentr1.env.protocol import (
     SEARCH_TOOL_NAME,
     TOOL_CALL_END,
     TOOL_CALL_START,
+    ParsedTurn,
     format_answer,
+    format_call,
     format_tool_call,
     parse_turn,
 )
-from agentr1.env.qa_env import QAEnv, StepResult
+
+if TYPE_CHECKING:
+    from agentr1.env.base import Environment, StepResult
 
 # Said when the relation cannot be read from the returned documents (never by the oracle on
 # synthetic data; kept non-empty so the turn is still a well-formed answer).
@@ -60,17 +67,25 @@ class _Progress:
     """Malformed turns since the last well-formed search."""
 
 
+def _is_search(turn: ParsedTurn) -> bool:
+    """A well-formed search call (what the search tool's schema accepts; the scripted agents
+    read their own turns, so the structural parse plus this check is enough)."""
+    args = turn.arguments or {}
+    return (turn.kind == "tool_call" and turn.name == SEARCH_TOOL_NAME and set(args) == {"query"}
+            and isinstance(args["query"], str) and bool(args["query"].strip()))
+
+
 def _progress(messages: Sequence[dict]) -> _Progress:
     hop, retries, query, observation = 0, 0, None, None
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
         turn = parse_turn(message["content"])
-        if turn.kind == "tool_call":
+        if _is_search(turn):
             hop, retries, query = hop + 1, 0, turn.query
             follows = messages[i + 1] if i + 1 < len(messages) else None
             observation = follows["content"] if follows and follows["role"] == "tool" else None
-        elif turn.kind == "invalid":
+        elif turn.kind != "answer":
             retries += 1
     return _Progress(hop, query, observation, retries)
 
@@ -177,7 +192,7 @@ class Transcript:
     messages: list[dict]
     """[system, user, assistant, tool, assistant, ...]; tool contents are bodies without the wrapper."""
     metrics: dict[str, float]
-    """``QAEnv.episode_metrics`` of the finished episode."""
+    """``env.episode_metrics`` of the finished episode."""
     turn_texts: list[str]
     observations: list[str]
     process_rewards: list[float]
@@ -185,7 +200,43 @@ class Transcript:
     outcome_reward: float
 
 
-def run_episodes(env: QAEnv, agent: Agent, records: Sequence[QARecord]) -> list[Transcript]:
+class PerRecordAgent:
+    """``first`` on the records ``use_first`` picks, ``other`` on the rest."""
+
+    def __init__(self, use_first: Callable[[QARecord], bool], first: Agent, other: Agent):
+        self.use_first, self.first, self.other = use_first, first, other
+
+    def act(self, record: QARecord, messages: list[dict]) -> str:
+        return (self.first if self.use_first(record) else self.other).act(record, messages)
+
+
+@dataclass(frozen=True)
+class GoldCallsAgent:
+    """Makes a record's gold calls in order, then answers its first gold answer; with probability
+    ``malformed`` per call it first emits a malformed version of it (then retries properly)."""
+
+    gold_calls: Callable[[QARecord], list[dict] | None]
+    malformed: float = 0.0
+    seed: int = 0
+
+    def act(self, record: QARecord, messages: list[dict]) -> str:
+        calls = self.gold_calls(record) or []
+        made, retries = 0, 0
+        for message in messages:
+            if message["role"] == "assistant":
+                turn = parse_turn(message["content"])
+                made, retries = (made + 1, 0) if turn.kind == "tool_call" else (made, retries + 1)
+        if made >= len(calls):
+            return format_answer(record.answers[0] if record.answers else UNKNOWN_ANSWER)
+        call = calls[made]
+        rng = random.Random(f"{self.seed}/{record.id}/{made}")
+        if retries == 0 and rng.random() < self.malformed:
+            body = json.dumps({"name": call["name"], "arguments": call["arguments"]}, ensure_ascii=False)
+            return f"{TOOL_CALL_START}{body[:-1]}{TOOL_CALL_END}"  # missing closing brace
+        return format_call(call["name"], call["arguments"])
+
+
+def run_episodes(env: Environment, agent: Agent, records: Sequence[QARecord]) -> list[Transcript]:
     """Play every record to the end, all episodes stepped together (one search batch per turn)."""
     states = [env.reset(record) for record in records]
     transcripts = [
@@ -220,5 +271,5 @@ def _record_turn(transcript: Transcript, text: str, result: StepResult) -> None:
         transcript.observations.append(result.observation)
 
 
-def run_episode(env: QAEnv, agent: Agent, record: QARecord) -> Transcript:
+def run_episode(env: Environment, agent: Agent, record: QARecord) -> Transcript:
     return run_episodes(env, agent, [record])[0]

@@ -8,7 +8,9 @@ A turn is an optional ``<think>...</think>`` prefix followed by exactly one acti
 This is the Hermes/Qwen2.5 convention, so a pretrained Qwen2.5 instruct model and the
 from-scratch model speak the same format. ``parse_turn`` never raises: whatever the policy
 samples becomes a ``ParsedTurn``, and a malformed turn carries a short error text that the
-environment sends back as the observation (the agent can read it and retry).
+environment sends back as the observation (the agent can read it and retry). Given the
+environment's tools (name -> JSON-schema ``parameters``, see ``agentr1.env.tools``), it also
+checks the call's tool name and its arguments against that schema.
 
 Everything a ``ParsedTurn`` carries can be encoded: an error quotes the policy's own text only
 as an ``excerpt`` (short, printable, no ``<``/``>`` so no chat special token or protocol tag can
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Mapping
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
@@ -38,6 +40,7 @@ STOP_STRINGS = (TOOL_CALL_END, ANSWER_END)
 
 SEARCH_TOOL_NAME = "search"
 DEFAULT_MAX_QUERY_CHARS = 200
+"""Longest string argument a call may carry (the config's ``env.max_query_chars``)."""
 # Chat-end markers a sampler may leave at the end of a turn; they carry no meaning for the action.
 _TRAILING_MARKERS = (IM_END, EOS)
 # Protocol markup that never belongs inside an answer (the <tool_call>/<answer> tags are
@@ -55,22 +58,6 @@ _INERT_BRACKETS = str.maketrans({"<": "\u2039", ">": "\u203a"})
 _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
                float: "a number", type(None): "null"}
 
-SEARCH_TOOL_SCHEMA: dict = {
-    "type": "function",
-    "function": {
-        "name": SEARCH_TOOL_NAME,
-        "description": "Search the document collection and return the best matching documents.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "query": {"type": "string", "description": "The search query, e.g. an entity name."},
-            },
-            "required": ["query"],
-            "additionalProperties": False,
-        },
-    },
-}
-
 TurnKind = Literal["tool_call", "answer", "invalid"]
 
 
@@ -78,14 +65,20 @@ TurnKind = Literal["tool_call", "answer", "invalid"]
 class ParsedTurn:
     """One assistant turn, read.
 
-    Exactly one of ``query`` (kind "tool_call"), ``answer`` (kind "answer") or ``error``
-    (kind "invalid") is set; ``error`` is a readable message starting with "Error:".
+    Exactly one of ``name`` with ``arguments`` (kind "tool_call"), ``answer`` (kind "answer") or
+    ``error`` (kind "invalid") is set; ``error`` is a readable message starting with "Error:".
     """
 
     kind: TurnKind
-    query: str | None = None
+    name: str | None = None
+    arguments: dict | None = None
     answer: str | None = None
     error: str | None = None
+
+    @property
+    def query(self) -> str | None:
+        """The ``query`` argument of a call (the search tool's one argument), else None."""
+        return self.arguments.get("query") if self.arguments else None
 
 
 def encodable(text: str) -> str:
@@ -114,20 +107,15 @@ def _bad_call(message: str) -> ParsedTurn:
     return _invalid(f"invalid tool call: {message}")
 
 
-def format_tool_call(query: str) -> str:
-    """The canonical tool-call action for a search query (what demonstrations contain)."""
-    call = {"name": SEARCH_TOOL_NAME, "arguments": {"query": query}}
+def format_call(name: str, arguments: dict) -> str:
+    """The canonical tool-call action (what demonstrations contain)."""
+    call = {"name": name, "arguments": arguments}
     return f"{TOOL_CALL_START}{json.dumps(call, ensure_ascii=False)}{TOOL_CALL_END}"
 
 
-def tool_call_scaffold() -> tuple[str, str]:
-    """The fixed text of a search call around its query, tags excluded:
-    ``('{"name": "search", "arguments": {"query": "', '"}}')``. A from-scratch tokenizer makes
-    each one token, so the policy samples a call as ~4 tokens plus the query, not ~17."""
-    sentinel = "QUERYSENTINEL"
-    body = format_tool_call(sentinel)[len(TOOL_CALL_START):-len(TOOL_CALL_END)]
-    before, after = body.split(sentinel)
-    return before, after
+def format_tool_call(query: str) -> str:
+    """The canonical call of the search tool for ``query``."""
+    return format_call(SEARCH_TOOL_NAME, {"query": query})
 
 
 def format_answer(answer: str) -> str:
@@ -139,16 +127,20 @@ def format_tool_response(body: str) -> str:
     return f"{TOOL_RESPONSE_START}\n{body}\n{TOOL_RESPONSE_END}"
 
 
-def parse_turn(text: str, max_query_chars: int = DEFAULT_MAX_QUERY_CHARS) -> ParsedTurn:
+def parse_turn(text: str, tools: Mapping[str, dict] | None = None,
+               max_query_chars: int = DEFAULT_MAX_QUERY_CHARS) -> ParsedTurn:
     """Read one assistant turn; never raises.
 
     Rules: surrounding whitespace and trailing ``<|im_end|>``/``<|endoftext|>`` are ignored;
     an optional ``<think>...</think>`` prefix is skipped (its content is opaque); what remains
     must be exactly one ``<tool_call>`` block or one non-empty ``<answer>`` block, with no
-    other text. Anything else is kind "invalid" with an error message for the agent.
+    other text. A call must name one of ``tools`` (name -> JSON-schema ``parameters``) with
+    arguments that fit its schema, string arguments at most ``max_query_chars`` long; with
+    ``tools`` None any name and argument object passes (reading a transcript's structure).
+    Anything else is kind "invalid" with an error message for the agent.
     """
     try:
-        return _parse_action(_strip_think(_strip_markers(text)), max_query_chars)
+        return _parse_action(_strip_think(_strip_markers(text)), tools, max_query_chars)
     except _TurnError as err:
         return _invalid(str(err))
     except Exception as err:  # noqa: BLE001 - a sampled turn must never crash the rollout
@@ -180,13 +172,13 @@ def _strip_think(text: str) -> str:
     return text[end + len(THINK_END):].strip()
 
 
-def _parse_action(text: str, max_query_chars: int) -> ParsedTurn:
+def _parse_action(text: str, tools: Mapping[str, dict] | None, max_query_chars: int) -> ParsedTurn:
     has_call = TOOL_CALL_START in text or TOOL_CALL_END in text
     has_answer = ANSWER_START in text or ANSWER_END in text
     if has_call and has_answer:
         raise _TurnError(f"a turn holds either one {TOOL_CALL_START} or one {ANSWER_START}, not both")
     if has_call:
-        return _parse_call(_block_body(text, TOOL_CALL_START, TOOL_CALL_END), max_query_chars)
+        return _parse_call(_block_body(text, TOOL_CALL_START, TOOL_CALL_END), tools, max_query_chars)
     if has_answer:
         answer = _block_body(text, ANSWER_START, ANSWER_END).strip()
         if not answer:
@@ -216,11 +208,15 @@ def _block_body(text: str, start: str, end: str) -> str:
     return text[i + len(start): j]
 
 
-def _parse_call(body: str, max_query_chars: int) -> ParsedTurn:
+def _parse_call(body: str, tools: Mapping[str, dict] | None, max_query_chars: int) -> ParsedTurn:
+    from agentr1.env.tools import argument_problem
+
     try:
         call = json.loads(body)
     except json.JSONDecodeError as err:
         return _bad_call(f"not valid JSON ({err.msg})")
+    except RecursionError:
+        return _bad_call("nested too deeply")
     if not isinstance(call, dict):
         return _bad_call('expected a JSON object {"name": ..., "arguments": {...}}')
     problem = _key_problem(call, {"name", "arguments"}, "")
@@ -229,20 +225,27 @@ def _parse_call(body: str, max_query_chars: int) -> ParsedTurn:
     name = call["name"]
     if not isinstance(name, str):
         return _bad_call(f"name must be a string, got {_json_type(name)}")
-    if name != SEARCH_TOOL_NAME:
-        return _bad_call(f"unknown tool '{excerpt(name)}' (available: {SEARCH_TOOL_NAME})")
+    if tools is not None and name not in tools:
+        return _bad_call(f"unknown tool '{excerpt(name)}' (available: {', '.join(tools)})")
     args = call["arguments"]
     if not isinstance(args, dict):
         return _bad_call("arguments must be a JSON object")
-    problem = _key_problem(args, {"query"}, "arguments.")
-    if problem:
-        return _bad_call(problem)
-    query = args["query"]
-    if not isinstance(query, str) or not query.strip():
-        return _bad_call("arguments.query must be a non-empty string")
-    if len(query) > max_query_chars:
-        return _bad_call(f"arguments.query is longer than {max_query_chars} characters")
-    return ParsedTurn(kind="tool_call", query=encodable(query))
+    if tools is not None:
+        problem = argument_problem(args, tools[name], max_query_chars)
+        if problem:
+            return _bad_call(problem)
+    return ParsedTurn(kind="tool_call", name=name, arguments=_encodable_values(args))
+
+
+def _encodable_values(value):
+    """``value`` with every string in it passed through :func:`encodable`."""
+    if isinstance(value, str):
+        return encodable(value)
+    if isinstance(value, list):
+        return [_encodable_values(v) for v in value]
+    if isinstance(value, dict):
+        return {encodable(str(k)): _encodable_values(v) for k, v in value.items()}
+    return value
 
 
 def _key_problem(obj: dict, expected: set[str], prefix: str) -> str | None:

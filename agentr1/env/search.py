@@ -221,3 +221,44 @@ def _truncate(text: str, max_chars: int | None) -> str:
     if text[max_chars] != " " and " " in cut:
         cut = cut.rsplit(" ", 1)[0]
     return cut.rstrip()
+
+
+NO_RESULTS = "No documents found."
+
+
+class SearchTool:
+    """The ``search`` tool the agent calls: top-``k`` BM25 documents of ``index`` as text, and
+    their ids as the output's keys (matched against a record's ``supporting_docs``). All of a
+    turn's searches go in one ``batch_search``."""
+
+    name = "search"
+
+    def __init__(self, index: SearchIndex, k: int, max_doc_chars: int | None, header: bool):
+        self.index, self.k, self.max_doc_chars, self.header = index, k, max_doc_chars, header
+
+    def __call__(self, query: str):
+        """Search the document collection and return the best matching documents.
+
+        Args:
+            query: The search query, e.g. an entity name.
+        """
+        return self.batch([{"query": query}])[0]
+
+    def batch(self, calls: list[dict]) -> list:
+        from agentr1.env.tools import ToolOutput
+
+        hits = self.index.batch_search([c["query"] for c in calls], self.k)
+        return [ToolOutput(format_hits(h, self.max_doc_chars, header=self.header) or NO_RESULTS,
+                           tuple(hit.doc_id for hit in h)) for h in hits]
+
+
+def index_of(path: Path) -> SearchIndex:
+    """The index of a dataset directory's corpus, or of a corpus file (a served agent's)."""
+    from agentr1.data.records import load_corpus
+
+    return SearchIndex.build(load_corpus(path)) if path.is_file() else SearchIndex.from_data_dir(path)
+
+
+def search_tool(cfg, data_dir: Path) -> SearchTool:
+    """The registered ``search`` tool's factory: BM25 over ``data_dir``'s corpus (or a corpus file)."""
+    return SearchTool(index_of(data_dir), cfg.env.top_k, cfg.env.max_doc_chars, cfg.env.doc_header)

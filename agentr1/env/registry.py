@@ -1,0 +1,220 @@
+"""Environments and tools by name: what ``env.kind`` and ``env.tools`` in a config select.
+
+Built in: the environment kinds ``qa`` (multi-hop QA over the ``search`` tool, synthetic data
+generator included) and ``tools`` (any registered tools, demonstrations from each record's gold
+calls), and the tool ``search``. A user's module registers more without touching ``agentr1/``::
+
+    from agentr1.env.registry import register_tool
+
+    @register_tool
+    def convert(value: float, unit: str) -> str:
+        '''Convert a length to metres. ...'''
+
+and a config names it: ``plugins: [my_tools.py]`` (a module name or a ``.py`` file, imported
+before the config is validated), ``env: {kind: tools, tools: [convert]}``. See docs/add-a-tool.md.
+
+A tool is registered as a function (its schema checked at registration: a missing type hint or
+docstring fails right there) or, with ``factory=True``, as ``factory(cfg, data_dir) -> callable``
+for tools that need the run's data or settings (the search index). An environment is registered
+as ``build(cfg, data_dir, tools) -> Environment``, with an optional synthetic data generator
+``synth(cfg) -> (splits, corpus)`` used when ``data.dir`` does not exist yet.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from agentr1.config import Config
+    from agentr1.env.base import Environment
+    from agentr1.env.tools import Tool
+
+
+@dataclass(frozen=True)
+class RecordRule:
+    """What a record of an environment kind must satisfy beyond the shared QA schema (the Great
+    Expectations suite ``env_<kind>`` checks it on the raw rows, ``tasks/validation.py``)."""
+
+    name: str
+    rule: str
+    """What must hold, in words."""
+    field: str
+    """The field a person fixes."""
+    problems: Callable[[dict], int]
+    """How many problems a raw JSON row has (0: it holds)."""
+    splits: tuple[str, ...] = ("train",)
+    """The splits it applies to (demonstrations are played on train only)."""
+
+
+def _has_chain_or_support(row: dict) -> int:
+    return int(not (row.get("chain") or row.get("supporting_docs")))
+
+
+def _gold_calls_problems(row: dict) -> int:
+    calls = row.get("calls")
+    if not isinstance(calls, list) or not calls:
+        return 1
+    return sum(not (isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("arguments"), dict))
+               for c in calls)
+
+
+GOLD_CALLS_RULE = RecordRule("gold_calls", 'a train record has gold calls: "calls": [{"name": <tool>, '
+                             '"arguments": {...}}, ...], which the warm-up demonstrates', "calls", _gold_calls_problems)
+
+
+@dataclass(frozen=True)
+class EnvKind:
+    name: str
+    build: Callable[..., Environment] | str
+    """``build(cfg, data_dir, tools)``, or "module:function" resolved on first use (built-ins stay
+    unimported until a run needs them)."""
+    tools: tuple[str, ...] = ()
+    """Registered tools the environment always has (beside the config's ``env.tools``; ``qa``
+    builds its search tool itself, over the index it also reads document titles from)."""
+    synth: Callable[[Config], tuple[dict, list]] | str | None = None
+    description: str = ""
+    record_rules: tuple[RecordRule, ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolEntry:
+    name: str
+    make: Callable[..., Any] | str
+    """The tool callable, or with ``factory`` a ``factory(cfg, data_dir) -> callable``."""
+    factory: bool = False
+
+
+_ENVS: dict[str, EnvKind] = {
+    "qa": EnvKind("qa", "agentr1.env.qa_env:build", (), "agentr1.data.synth:generate_from_config",
+                  "multi-hop QA: search a document collection, then answer",
+                  (RecordRule("demonstrable", "a train record has a relation chain (synthetic: chain) or supporting "
+                              "documents (converted data), so the warm-up can demonstrate it", "supporting_docs",
+                              _has_chain_or_support),)),
+    "tools": EnvKind("tools", "agentr1.env.base:build_tool_env", (),
+                     description="answer with any registered tools; demonstrations from each record's meta.calls",
+                     record_rules=(GOLD_CALLS_RULE,)),
+}
+_TOOLS: dict[str, ToolEntry] = {
+    "search": ToolEntry("search", "agentr1.env.search:search_tool", factory=True),
+}
+
+
+class RegistryError(ValueError):
+    """An unknown name, or a plug-in that cannot be loaded; the message lists what is known."""
+
+
+def _resolve(target: Callable | str) -> Callable:
+    if callable(target):
+        return target
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def register_environment(name: str, build: Callable | None = None, *, tools: tuple[str, ...] | list[str] = (),
+                         synth: Callable | None = None, description: str = "",
+                         record_rules: tuple[RecordRule, ...] | list[RecordRule] = (GOLD_CALLS_RULE,)) -> Callable:
+    """Make ``env.kind: name`` build ``build(cfg, data_dir, tools) -> Environment`` (``tools``:
+    the registered ``tools`` it always has, then the config's ``env.tools``); ``synth(cfg) ->
+    (splits, corpus)`` generates its data; ``record_rules`` are what its records must satisfy
+    (default: gold calls, what ``ToolEnv``'s demonstrator plays). Used as a call, or as a
+    decorator without ``build``."""
+    def decorate(target: Callable) -> Callable:
+        _ENVS[name] = EnvKind(name, target, tuple(tools), synth, description or (target.__doc__ or "").strip(),
+                              tuple(record_rules))
+        return target
+    return decorate(build) if build is not None else decorate
+
+
+def register_tool(fn: Callable | None = None, *, name: str | None = None, factory: bool = False):
+    """Register a tool function (``@register_tool`` or ``@register_tool(name=...)``); with
+    ``factory=True`` the function is ``factory(cfg, data_dir)`` returning the tool callable."""
+    def decorate(target: Callable) -> Callable:
+        from agentr1.env.tools import Tool
+
+        tool_name = name or getattr(target, "__name__", type(target).__name__.lower())
+        if not factory:
+            tool_name = Tool.from_callable(target, name).name  # schema problems fail at import time
+        _TOOLS[tool_name] = ToolEntry(tool_name, target, factory)
+        return target
+    return decorate(fn) if fn is not None else decorate
+
+
+def environment_kinds() -> list[str]:
+    return sorted(_ENVS)
+
+
+def tool_names() -> list[str]:
+    return sorted(_TOOLS)
+
+
+def env_kind(name: str) -> EnvKind:
+    if name not in _ENVS:
+        raise RegistryError(f"env.kind: unknown environment {name!r}; registered: {', '.join(environment_kinds())} "
+                            "(a plug-in registers more: `plugins` in the config, docs/add-a-tool.md)")
+    return _ENVS[name]
+
+
+def check_tools(names: list[str]) -> None:
+    unknown = [n for n in names if n not in _TOOLS]
+    if unknown:
+        raise RegistryError(f"env.tools: unknown tool {unknown[0]!r}; registered: {', '.join(tool_names())} "
+                            "(a plug-in registers more: `plugins` in the config, docs/add-a-tool.md)")
+
+
+def load_plugins(specs: list[str]) -> None:
+    """Import each plug-in: a module name (``my_pkg.tools``) or a ``.py`` file path (relative to
+    the working directory); RegistryError naming the entry when it cannot be imported."""
+    for spec in specs:
+        try:
+            if spec.endswith(".py"):
+                path = Path(spec).resolve()
+                if not path.is_file():
+                    raise FileNotFoundError(f"no such file: {path}")
+                module_name = f"agentr1_plugin_{path.stem}"
+                if module_name in sys.modules and getattr(sys.modules[module_name], "__file__", None) == str(path):
+                    continue
+                module_spec = importlib.util.spec_from_file_location(module_name, path)
+                module = importlib.util.module_from_spec(module_spec)
+                sys.modules[module_name] = module
+                module_spec.loader.exec_module(module)
+            else:
+                importlib.import_module(spec)
+        except Exception as err:  # noqa: BLE001 - any failure is the plug-in's; say which
+            raise RegistryError(f"plugins: cannot load {spec!r}: {type(err).__name__}: {err}") from err
+
+
+def plugin_files(specs: list[str]) -> list[Path]:
+    """The ``.py`` files among ``specs`` (what a logged model must carry to rebuild its tools)."""
+    return [Path(s).resolve() for s in specs if s.endswith(".py")]
+
+
+def build_tools(cfg: Config, data_dir: Path, names: list[str] | tuple[str, ...]) -> list[Tool]:
+    from agentr1.env.tools import Tool
+
+    check_tools(list(names))
+    tools = []
+    for n in names:
+        entry = _TOOLS[n]
+        target = _resolve(entry.make)
+        tools.append(Tool.from_callable(target(cfg, data_dir) if entry.factory else target, n))
+    return tools
+
+
+def build_env(cfg: Config, data_dir: str | Path) -> Environment:
+    """The environment ``cfg.env.kind`` over the dataset (or resources) in ``data_dir``, with
+    its own tools and ``cfg.env.tools``."""
+    kind = env_kind(cfg.env.kind)
+    names = list(dict.fromkeys([*kind.tools, *cfg.env.tools]))
+    env = _resolve(kind.build)(cfg, Path(data_dir), build_tools(cfg, Path(data_dir), names))
+    env.kind = kind.name
+    return env
+
+
+def synth_data(cfg: Config) -> tuple[dict, list] | None:
+    """The synthetic dataset of ``cfg.env.kind`` (None when the kind has no generator)."""
+    kind = env_kind(cfg.env.kind)
+    return _resolve(kind.synth)(cfg) if kind.synth is not None else None
