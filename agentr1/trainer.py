@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -25,11 +26,12 @@ from typing import Callable
 
 import numpy as np
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
+from accelerate.utils import gather_object, get_int_from_env
 from tqdm.auto import tqdm
 
 from agentr1 import checkpoint as ckpt
-from agentr1.config import Config
+from agentr1.config import Config, ConfigError
 from agentr1.data.records import (DataError, QARecord, generation_needed, load_corpus_dir, load_dataset, split_path,
                                   write_dataset)
 from agentr1.env.agents import run_episodes
@@ -132,14 +134,25 @@ def make_engine(cfg: Config, env: Environment, model, tokenizer, chat, device) -
     return RolloutEngine(backend, chat, tokenizer, env, settings)
 
 
+def launched_processes() -> int:
+    """How many processes the launcher started (torchrun or MPI), read as accelerate reads it,
+    without starting the process group."""
+    return get_int_from_env(["PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "WORLD_SIZE"], 1)
+
+
 def make_accelerator(cfg: Config, device: torch.device, mixed_precision: str, grad_accum: int) -> Accelerator:
     # Accelerate keeps process-wide state; reset it so several runs in one process
     # (tests, ablations) can each choose their own precision.
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)
-    return Accelerator(cpu=device.type == "cpu", mixed_precision=mixed_precision,
-                       gradient_accumulation_steps=grad_accum)
+    acc = Accelerator(cpu=device.type == "cpu", mixed_precision=mixed_precision,
+                      gradient_accumulation_steps=grad_accum)
+    if acc.num_processes == 1 and "MASTER_ADDR" in os.environ and launched_processes() == 1:
+        # accelerate's simple launcher sets MASTER_ADDR for --num_processes > 1 but starts one process
+        log.warning("accelerate launch started one process only: for data-parallel PPO on CPUs use "
+                    "`accelerate launch --multi_gpu --num_processes N` (see agentr1/rl/distributed.py)")
+    return acc
 
 
 def cosine_schedule(optimizer, warmup: int, total: int, warmdown_ratio: float = 1.0
@@ -461,12 +474,19 @@ class PPOSession:
         p = self.cfg.ppo
         records, groups = iteration_records(self.ws.split("train"), p.episodes_per_iter // p.group_size,
                                             p.group_size, self.cfg.seed, self.iteration)
+        # Data parallel: each process plays a contiguous share of whole questions (GRPO groups stay
+        # together), with its own seeds; then every process gets every trajectory, in order.
+        acc = self.acc
+        with acc.split_between_processes(sorted(set(groups))) as mine:
+            keep = [i for i, g in enumerate(groups) if g in set(mine)]
         self.model.eval()
         t0 = time.time()
         self.engine.backend.sync_weights(self.policy.policy)  # vllm holds a copy; hf reads the module
-        trajs = self.engine.run(records, seed=self.cfg.seed * 7_777 + self.iteration, groups=groups)
+        seed = self.cfg.seed * 7_777 + self.iteration + RANK_SEED_STRIDE * acc.process_index
+        trajs = self.engine.run([records[i] for i in keep], seed=seed,
+                                groups=[groups[i] for i in keep]) if keep else []
         self._t_rollout = time.time() - t0
-        return trajs
+        return gather_object(trajs) if acc.num_processes > 1 else trajs
 
     def check_sampling(self, trajs: list[Trajectory]) -> None:
         """Non-finite sampling log-probs mean the policy itself has diverged."""
@@ -501,7 +521,7 @@ class PPOSession:
         batch = collate(trajs, self.chat.pad_token_id).to(self.ws.device)
         t1 = time.time()
         with self.acc.autocast():
-            scored, score_m = score_batch(self.model, self.ref_model, batch, self.hp)
+            scored, score_m = score_batch(self.model, self.ref_model, batch, self.hp, self.acc)
         if not (math.isfinite(score_m["actor/ref_kl"]) and math.isfinite(score_m["critic/advantages_abs"])):
             raise TrainingDiverged(f"{where}: the batch scores to non-finite log-probs or advantages "
                                    f"(KL to the reference {score_m['actor/ref_kl']}, "
@@ -522,10 +542,11 @@ class PPOSession:
                    "time/elapsed_s": self._t_offset + time.time() - self._t_open, "iteration": float(it + 1)}
         self.history.append(metrics)
         self.iteration += 1
-        log.info("iter %3d/%d  em %.3f  reward %.3f  kl %.4f  clip %.3f  ent %.3f  vf %.4f  %.1fs",
-                 it + 1, p.iterations, metrics["rollout/em"], metrics["reward/total"],
-                 metrics["actor/ref_kl"], metrics.get("actor/pg_clipfrac", 0), metrics.get("actor/entropy", 0),
-                 metrics.get("critic/vf_loss", 0), metrics["perf/iter_s"])
+        if self.acc.is_main_process:  # one line per iteration, not one per process
+            log.info("iter %3d/%d  em %.3f  reward %.3f  kl %.4f  clip %.3f  ent %.3f  vf %.4f  %.1fs",
+                     it + 1, p.iterations, metrics["rollout/em"], metrics["reward/total"],
+                     metrics["actor/ref_kl"], metrics.get("actor/pg_clipfrac", 0), metrics.get("actor/entropy", 0),
+                     metrics.get("critic/vf_loss", 0), metrics["perf/iter_s"])
         return metrics
 
     def save(self) -> Path:
@@ -534,10 +555,16 @@ class PPOSession:
         (by ``save_actor_critic``, as every write of a policy)."""
         from models.policy import save_actor_critic
 
-        return ckpt.save_checkpoint(self.last, lambda d: save_actor_critic(self.policy, self.tokenizer, d),
-                                    self.optimizer, self.scheduler, self.iteration,
-                                    {"history": self.history, "config": ppo_identity(self.cfg)})
+        if self.acc.is_main_process:  # every process holds the same weights: one writes them
+            ckpt.save_checkpoint(self.last, lambda d: save_actor_critic(self.policy, self.tokenizer, d),
+                                 self.optimizer, self.scheduler, self.iteration,
+                                 {"history": self.history, "config": ppo_identity(self.cfg)})
+        self.acc.wait_for_everyone()
+        return self.last
 
+
+RANK_SEED_STRIDE = 1_000_000_007
+"""Offsets each data-parallel process's rollout seed, so processes never sample with the same seeds."""
 
 BatchHook = Callable[[list[Trajectory], int], None]
 """``(trajectories, iteration)`` before an update: store or validate the batch (raise to stop)."""
@@ -552,20 +579,25 @@ def run_ppo(session: PPOSession, end: int | None = None, log_metrics: MetricsFn 
     every ``ppo.checkpoint_every``, at the iterations in ``save_at`` and at the end, then
     ``after_iteration(session)`` (the ablation measures its learning curve there).
 
+    Under ``accelerate launch`` with several processes (agentr1/rl/distributed.py) every process
+    runs this loop; ``log_metrics``, ``before_update`` and ``after_iteration`` run on the main
+    process only, which alone writes.
+
     A diverged run raises :class:`~agentr1.rl.guard.TrainingDiverged` and a bad rollout batch
     :class:`~agentr1.rollout.checks.RolloutBatchError`, both before anything of that iteration
     is saved: the last checkpoint on disk is the last good one.
     """
     end = session.cfg.ppo.iterations if end is None else min(end, session.cfg.ppo.iterations)
     every = session.cfg.ppo.checkpoint_every
+    main = session.acc.is_main_process
     while session.iteration < end:
-        metrics = session.iterate(before_update)
-        if log_metrics:
+        metrics = session.iterate(before_update if main else None)
+        if log_metrics and main:
             log_metrics(metrics, session.iteration)
         it = session.iteration
         if (every and it % every == 0) or it == end or it in save_at:
             session.save()
-        if after_iteration is not None:
+        if after_iteration is not None and main:
             after_iteration(session)
     return session
 
@@ -645,6 +677,8 @@ def stage_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None) 
 
     out = Path(cfg.output_dir)
     model, tokenizer, _, history = train_ppo(cfg, ws, log_metrics)
+    if not PartialState().is_main_process:  # data parallel: the main process writes the results
+        return history
     save_actor_critic(model, tokenizer, out / FINAL_DIR)
     if history:
         plot_learning_curve(history, out / "learning_curve.png", title=f"masked PPO ({cfg.ppo.estimator})")
@@ -672,6 +706,9 @@ def train(cfg: Config, log_metrics: MetricsFn | None = None, stages: tuple[str, 
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise ValueError(f"unknown stage(s) {sorted(unknown)}; choose from {STAGES}")
+    if launched_processes() > 1 and set(stages) - {"ppo"}:
+        raise ConfigError(f"stages {sorted(set(stages) - {'ppo'})} run in one process; under accelerate launch "
+                          "with several processes run --stage ppo only (agentr1/rl/distributed.py)")
     ws = Workspace.build(cfg)  # the data is checked before anything is written
     if {"warmup", "ppo"} & set(stages):
         ws.split("train")

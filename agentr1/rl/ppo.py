@@ -10,6 +10,10 @@ Switches (the paper's ablations), all plain arguments:
 - ``advantage_mask``: GAE over action tokens only, bridging environment spans; off, plain GAE
   over every response token.
 - process rewards are already on the batch (zero when the environment had them disabled).
+
+Data parallel: with an ``accelerator`` of several processes, every process holds the whole
+(gathered) batch; scoring and each minibatch's update are split across processes and the
+results equal one process's (see :mod:`agentr1.rl.distributed`).
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from agentr1.rl.core import (
     rloo_advantages,
     value_loss,
 )
+from agentr1.rl.distributed import gather_rows, row_shards, sum_gradients
 from agentr1.rl.guard import StepGuard
 from agentr1.rollout.batch import RolloutBatch, length_bucketed_batches
 
@@ -103,14 +108,34 @@ def forward_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return logp, values[:, :-1].float(), ent
 
 
+def _network(model, accelerator):
+    """The module to run forward passes on: never the DDP wrapper, whose forward would start its
+    own gradient reduction and buffer broadcasts (gradients are summed by ``sum_gradients``)."""
+    return model if accelerator is None else accelerator.unwrap_model(model)
+
+
+def _parallel(accelerator) -> bool:
+    return accelerator is not None and accelerator.num_processes > 1
+
+
 @torch.no_grad()
-def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper) -> tuple[Scored, dict[str, float]]:
-    """Old log-probs, reference log-probs, values, rewards and advantages for the batch."""
+def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper,
+                accelerator=None) -> tuple[Scored, dict[str, float]]:
+    """Old log-probs, reference log-probs, values, rewards and advantages for the batch.
+
+    With an ``accelerator`` of several processes each scores its :func:`row_shards` share of the
+    rows and the results are gathered: the estimators (whitening, group statistics) then see the
+    global batch, the same on every process.
+    """
     loss_mask = batch.action_mask if hp.loss_mask else batch.response_mask
-    old_logp, old_values, _ = forward_tokens(model, batch.input_ids, batch.attention_mask, hp.temperature,
-                                             positions=loss_mask)
-    ref_logp, _, _ = forward_tokens(ref_model, batch.input_ids, batch.attention_mask, hp.temperature,
-                                    positions=loss_mask)
+    rows = row_shards(len(batch), accelerator.num_processes)[accelerator.process_index] \
+        if _parallel(accelerator) else slice(None)
+    ids, attn, at = batch.input_ids[rows], batch.attention_mask[rows], loss_mask[rows]
+    old_logp, old_values, _ = forward_tokens(_network(model, accelerator), ids, attn, hp.temperature, positions=at)
+    ref_logp, _, _ = forward_tokens(ref_model, ids, attn, hp.temperature, positions=at)
+    if _parallel(accelerator):
+        old_logp, old_values, ref_logp = (gather_rows(accelerator, x, len(batch))
+                                          for x in (old_logp, old_values, ref_logp))
     adv_mask = batch.action_mask if hp.advantage_mask else batch.response_mask
     token_rewards = batch.process_rewards + batch.outcome_rewards
     kl = kl_penalty(old_logp, ref_logp, hp.kl_kind, hp.kl_clamp)
@@ -143,12 +168,49 @@ def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper) -> tuple[Sc
     return Scored(old_logp, ref_logp, old_values, adv, returns, token_rewards), metrics
 
 
+STEP_METRICS = ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/kl_loss", "actor/entropy",
+                "critic/vf_loss", "critic/vf_clipfrac")
+"""What each minibatch step reports (token means over the minibatch), in this order."""
+
+
+def minibatch_loss(net, batch: RolloutBatch, scored: Scored, hp: PPOHyper, rows: list[int], L: int,
+                   loss_mask: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+    """The PPO loss of ``rows`` cut to length ``L`` (a token mean over ``loss_mask``, which must
+    have a token there) and its :data:`STEP_METRICS`."""
+    idx = torch.tensor(rows)
+    mask = loss_mask[idx, : L - 1]
+    cut = lambda x: x[idx, : L - 1]  # noqa: E731 - per-token tensors of these rows
+    logp, values, ent = forward_tokens(net, batch.input_ids[idx, :L], batch.attention_mask[idx, :L],
+                                       hp.temperature, with_entropy=True, positions=mask)
+    pg, pg_m = policy_loss(logp, cut(scored.old_logp), cut(scored.advantages), mask,
+                           hp.clip_eps, None, hp.dual_clip_c)
+    kl = masked_mean(kl_penalty(logp, cut(scored.ref_logp), hp.kl_kind, hp.kl_clamp), mask)
+    entropy = masked_mean(ent, mask)
+    loss = pg - hp.entropy_coef * entropy
+    if not hp.kl_in_reward:
+        loss = loss + hp.kl_coef * kl
+    vf_m: dict[str, float] = {}
+    if hp.estimator == "gae":  # critic-free estimators leave the value head alone
+        vf, vf_m = value_loss(values, cut(scored.old_values), cut(scored.returns), mask, hp.vf_clip)
+        loss = loss + hp.vf_coef * vf
+    return loss, [pg_m["pg_loss"], pg_m["pg_clipfrac"], pg_m["ppo_kl"], float(kl.detach()),
+                  float(entropy.detach()), vf_m.get("vf_loss", 0.0), vf_m.get("vf_clipfrac", 0.0)]
+
+
 def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Scored, hp: PPOHyper,
                generator: torch.Generator, guard: StepGuard) -> dict[str, float]:
     """Epochs of shuffled minibatch updates; returns metrics averaged over the minibatches that
     stepped. A minibatch whose loss or gradient norm is not finite does not step (``guard``
-    counts it in ``actor/skipped_steps`` and stops the run after too many in a row)."""
-    use_critic = hp.estimator == "gae"
+    counts it in ``actor/skipped_steps`` and stops the run after too many in a row).
+
+    With several processes (each holding the whole batch, the same ``generator`` state) the
+    minibatches are the same; each process takes rows ``mb[rank::world]`` and weighs its token
+    mean by its share of the minibatch's tokens, so the summed gradients, the loss and the metrics
+    are the token means over the whole minibatch, as on one process.
+    """
+    net = _network(model, accelerator)
+    parallel = _parallel(accelerator)
+    params = [q for q in net.parameters() if q.requires_grad]
     loss_mask_full = batch.action_mask if hp.loss_mask else batch.response_mask
     totals: dict[str, float] = {}
     n_updates = 0
@@ -157,33 +219,32 @@ def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Score
         # Minibatches of similar lengths, each cut to its own longest sequence: padding to the
         # batch's longest episode wasted about a third of the update's compute.
         for mb in length_bucketed_batches(lengths, hp.minibatch_size, generator, bucket=len(lengths)):
-            idx = torch.tensor(mb)
             L = max(lengths[i] for i in mb)
-            mask = loss_mask_full[idx, : L - 1]
-            if mask.sum() == 0:  # nothing to learn from: an optimizer step would only decay weights
+            n_tokens = float(loss_mask_full[torch.tensor(mb), : L - 1].sum())
+            if n_tokens == 0:  # nothing to learn from: an optimizer step would only decay weights
                 continue
-            cut = lambda x: x[idx, : L - 1]  # noqa: E731 - per-token tensors of this minibatch
+            mine = mb[accelerator.process_index::accelerator.num_processes] if parallel else mb
             with accelerator.accumulate(model), accelerator.autocast():
-                logp, values, ent = forward_tokens(
-                    model, batch.input_ids[idx, :L], batch.attention_mask[idx, :L], hp.temperature,
-                    with_entropy=True, positions=mask,
-                )
-                pg, pg_m = policy_loss(logp, cut(scored.old_logp), cut(scored.advantages), mask,
-                                       hp.clip_eps, None, hp.dual_clip_c)
-                kl = masked_mean(kl_penalty(logp, cut(scored.ref_logp), hp.kl_kind, hp.kl_clamp), mask)
-                entropy = masked_mean(ent, mask)
-                loss = pg - hp.entropy_coef * entropy
-                if not hp.kl_in_reward:
-                    loss = loss + hp.kl_coef * kl
-                vf_m: dict[str, float] = {}
-                if use_critic:
-                    vf, vf_m = value_loss(values, cut(scored.old_values), cut(scored.returns), mask, hp.vf_clip)
-                    loss = loss + hp.vf_coef * vf
-                loss_v = float(loss.detach())
+                share, step_v = None, [0.0] * (1 + len(STEP_METRICS))
+                if mine:
+                    L_mine = max(lengths[i] for i in mine)
+                    n_mine = float(loss_mask_full[torch.tensor(mine), : L_mine - 1].sum())
+                    if n_mine:
+                        weight = n_mine / n_tokens  # exactly 1.0 on one process: nothing changes there
+                        loss, values = minibatch_loss(net, batch, scored, hp, mine, L_mine, loss_mask_full)
+                        share = loss * weight
+                        step_v = [float(share.detach())] + [v * weight for v in values]
+                if parallel:  # one all-reduce: the minibatch's loss and metrics over every process
+                    step_v = accelerator.reduce(torch.tensor(step_v, dtype=torch.float64,
+                                                             device=batch.input_ids.device), "sum").tolist()
+                loss_v = step_v[0]
                 grad_norm = None
-                if math.isfinite(loss_v):
-                    accelerator.backward(loss)
+                if math.isfinite(loss_v):  # the same decision on every process: loss_v is global
+                    if share is not None:
+                        accelerator.backward(share)
                     if accelerator.sync_gradients:
+                        if parallel:
+                            sum_gradients(accelerator, params)
                         grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), hp.max_grad_norm))
                 stepped = guard.ok(loss_v, grad_norm)
                 if stepped:
@@ -191,15 +252,7 @@ def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Score
                 optimizer.zero_grad(set_to_none=True)
             if not stepped:
                 continue
-            step_m = {
-                "actor/pg_loss": float(pg_m.get("pg_loss", float(pg.detach()))),
-                "actor/pg_clipfrac": float(pg_m.get("pg_clipfrac", 0.0)),
-                "actor/ppo_kl": float(pg_m.get("ppo_kl", 0.0)),
-                "actor/kl_loss": float(kl.detach()),
-                "actor/entropy": float(entropy.detach()),
-                "critic/vf_loss": float(vf_m.get("vf_loss", 0.0)),
-                "critic/vf_clipfrac": float(vf_m.get("vf_clipfrac", 0.0)),
-            }
+            step_m = dict(zip(STEP_METRICS, step_v[1:]))
             if grad_norm is not None:
                 step_m["actor/grad_norm"] = grad_norm
             for k, v in step_m.items():
