@@ -89,7 +89,7 @@ def summary_lines(kind: str, result: dict) -> list[str]:
     rows = [("warm-up (before RL)", w), (f"after RL ({result['iterations']} PPO iterations)", f)]
     return [f"{'Exact match on ' + result['split']:<34}greedy   sampled",
             *(f"  {name:<32}{m['greedy/em']:.3f}    {m['sampled/em']:.3f}" for name, m in rows),
-            f"Registered agentr1-policy v{result['registered_version']}; champion is v{p['champion_after']} "
+            f"Registered {result['registered_model']} v{result['registered_version']}; champion is v{p['champion_after']} "
             f"({p['reason']})"]
 
 

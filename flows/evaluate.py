@@ -15,7 +15,7 @@ from flows.pipeline import run_name, run_tags
 from tasks import tracking
 from tasks.data import prepare_data, validate_data
 from tasks.params import DataSource, EvaluateParams, resolve_config
-from tasks.registry import DOWNLOADS_DIR, fetch_model
+from tasks.registry import DOWNLOADS_DIR, fetch_model, qualified_ref
 from tasks.report import SUMMARY_METRICS, metrics_table, publish_summary
 from tasks.training import evaluate_policy
 
@@ -29,7 +29,8 @@ def evaluate(params: EvaluateParams = EvaluateParams()) -> dict:
         tracking.log_config(run_id, cfg)
         data = prepare_data(cfg, DataSource(version=False), run_id)
         validate_data(data)
-        label, policy_dir = fetch_model(params.model, str(Path(cfg.output_dir) / DOWNLOADS_DIR))
+        ref = qualified_ref(params.model, tracking.model_name(cfg))  # "champion": of this config's environment
+        label, policy_dir = fetch_model(ref, str(Path(cfg.output_dir) / DOWNLOADS_DIR))
         tracking.set_tags(run_id, {"model": params.model, "model_label": label, "split": params.split})
         metrics = evaluate_policy(cfg, policy_dir, label, split=params.split, run_id=run_id)
         sections = [f"Model `{params.model}` ({label}) on split `{params.split}` of `{data.path}` "

@@ -73,6 +73,15 @@ def parse_model_ref(ref: str, name: str = tracking.MODEL_NAME) -> tuple[str, str
     return (name, ref, None) if ref.isdigit() else (name, None, ref)
 
 
+def qualified_ref(ref: str, name: str) -> str:
+    """``ref`` with the registered model ``name`` spelled out (``"3"`` -> ``models:/name/3``,
+    ``"champion"`` -> ``models:/name@champion``); a directory or a ``models:/`` URI is unchanged."""
+    if ref.startswith(MODELS_URI) or Path(ref).is_dir():
+        return ref
+    _, version, alias = parse_model_ref(ref, name)
+    return f"{MODELS_URI}{name}/{version}" if version is not None else f"{MODELS_URI}{name}@{alias}"
+
+
 def resolve_version(ref: str) -> tuple[str, str]:
     """``(name, version)`` of a registered model reference (an alias is looked up)."""
     from mlflow.exceptions import MlflowException
@@ -159,7 +168,7 @@ def register_policy(cfg: Config, policy_dir: str, run_id: str) -> str:
     from a run marked diverged."""
     check_registrable(policy_dir, run_id)
     uri = tracking.log_policy_model(run_id, policy_dir, cfg=cfg)
-    version = tracking.register(uri, tracking.MODEL_NAME)
+    version = tracking.register(uri, tracking.model_name(cfg))
     tracking.set_tags(run_id, {"registered_version": version})
     return version
 
@@ -237,7 +246,7 @@ def decide(version: str, challenger: dict[str, float], evaluated: str | None, ev
 @task(name="promote-if-better", cache_policy=NO_CACHE)
 def promote_if_better(version: str, challenger: dict[str, float], champion_version: str | None,
                       champion: dict[str, float] | None, metric: str, margin: float,
-                      run_id: str | None = None) -> Promotion:
+                      run_id: str | None = None, name: str = tracking.MODEL_NAME) -> Promotion:
     """Compare with the champion and move the ``champion`` alias when the challenger wins, as
     one compare-and-set under the store lock; tag the run with what the registry holds after.
 
@@ -248,11 +257,11 @@ def promote_if_better(version: str, challenger: dict[str, float], champion_versi
     if metric not in challenger:
         raise KeyError(f"promotion metric {metric!r} not in the evaluation; e.g. {sorted(challenger)[:6]}")
     with tracking.store_lock():
-        current = tracking.champion_entry(tracking.MODEL_NAME)
+        current = tracking.champion_entry(name)
         decision = decide(version, challenger, champion_version, champion, current, metric, margin, run_id)
         if decision.promoted:
-            tracking.set_champion(tracking.MODEL_NAME, version)
-        held = tracking.champion_entry(tracking.MODEL_NAME)
+            tracking.set_champion(name, version)
+        held = tracking.champion_entry(name)
     held_version = None if held is None else str(held.version)
     if held_version != decision.champion_after:
         decision = replace(decision, champion_after=held_version,

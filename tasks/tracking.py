@@ -69,6 +69,13 @@ EXPERIMENTS = {
     "evaluate": "agentr1-evaluate",
 }
 MODEL_NAME = "agentr1-policy"
+"""The registered model of the ``qa`` environment's agents; another kind registers its own
+(:func:`model_name`), so a champion is only ever compared with agents of its environment."""
+
+
+def model_name(cfg: Config) -> str:
+    """The registered model name of ``cfg``'s environment kind."""
+    return MODEL_NAME if cfg.env.kind == "qa" else f"agentr1-{cfg.env.kind}-policy"
 CHAMPION = "champion"
 DEFAULT_DB = "mlflow.db"
 ARTIFACTS_DIR = "mlartifacts"

@@ -244,3 +244,16 @@ def test_great_expectations_checks_each_environment_kinds_records(tmp_path):
     # The qa kind asks for what its demonstrator needs instead: a chain or supporting documents.
     (qa_failed,) = [r for r in validate_dataset(tmp_path / "bad", "qa") if not r.success]
     assert qa_failed.suite == "env_qa" and qa_failed.failures[0]["unexpected_count"] == 2
+
+
+def test_each_environment_kind_has_its_own_registered_model():
+    from tasks.registry import qualified_ref
+    from tasks.tracking import MODEL_NAME, model_name
+
+    assert model_name(load_config()) == MODEL_NAME == "agentr1-policy"
+    other = model_name(load_config(None, ["env.kind=tools", "env.tools=[search]"]))
+    assert other == "agentr1-tools-policy"
+    # A bare version or alias names a version of the config's own model, never the QA one.
+    assert qualified_ref("champion", other) == "models:/agentr1-tools-policy@champion"
+    assert qualified_ref("3", other) == "models:/agentr1-tools-policy/3"
+    assert qualified_ref("models:/agentr1-policy@champion", other) == "models:/agentr1-policy@champion"
