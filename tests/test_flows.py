@@ -179,7 +179,7 @@ def test_tasks_share_one_workspace_but_keep_their_own_config(data_dir, tmp_path)
     a, b, c = (resolve_config(form(data_dir, tmp_path, *extra), "test")
                for extra in ([], ["sft.expert.distractor=0.5"], ["env.top_k=2"]))
     assert workspace(b).env is workspace(a).env and workspace(b).cfg.sft.expert.distractor == 0.5
-    assert workspace(c).env is not workspace(a).env and workspace(c).env.config.top_k == 2
+    assert workspace(c).env is not workspace(a).env and workspace(c).env.settings.top_k == 2
 
 
 # ----------------------------------------------------------------------------- registry, report

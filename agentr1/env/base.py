@@ -196,7 +196,6 @@ class ToolEnv(Environment):
         self._tools = {t.name: t for t in tools}
         self._parameters = {t.name: t.parameters for t in tools}
         self.settings = settings
-        self.config = settings  # the name callers used before the interface existed
         self.weights = weights
 
     @property
