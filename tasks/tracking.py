@@ -96,6 +96,8 @@ TAG_HOST = "agentr1.host"
 TAG_PROCESS_STARTED = "agentr1.process_started"  # a pid reused by a later process is not taken for the owner
 TAG_ENDED_BY = "agentr1.ended_by"  # set when someone other than the owner ended the run
 TAG_PREFECT_FLOW_RUN = "prefect_flow_run_id"  # the Prefect flow run a flow's MLflow run belongs to
+TAG_STUDY = "agentr1.study"  # the published result a run belongs to (`agentr1 report --study`)
+TAG_WARMUP_DIGEST = "agentr1.warmup_digest"  # sha256 of the warm-up weights a run started from
 
 LOCK_SUFFIX = ".lock"
 STORE_LOCK_TIMEOUT_S = 600.0  # a holder does milliseconds of SQL; minutes mean something is stuck
