@@ -26,6 +26,7 @@ from pathlib import Path
 from agentr1.ablation import FULL, VARIANTS, efficiency, mean_curve, mean_std
 
 HASH_CHARS = 12  # short hashes and commits in tables; the provenance table lists them whole
+DIRTY = "+dirty"  # a commit's suffix when the run's code differed from it
 WEIGHTS_GLOB = "*.safetensors"  # the policy and its value head
 DIGEST_CHUNK = 1 << 20
 HEADLINE_KEYS = ("greedy/em", "sampled/em")
@@ -41,6 +42,7 @@ class Provenance:
 
     run_id: str
     git_commit: str | None
+    """Suffixed :data:`DIRTY` when tracked files differed from the commit as the run started."""
     data_hash: str | None
     config_hash: str | None
 
@@ -148,6 +150,8 @@ def ablation_table(records: list[RunRecord], keys: tuple[str, ...] = HEADLINE_KE
 
 @dataclass(frozen=True)
 class Claim:
+    """One "``better`` beats ``worse`` on ``key``" claim of the paper, as measured."""
+
     better: str
     worse: str
     key: str
@@ -230,7 +234,10 @@ def pipeline_table(records: list[RunRecord], keys: tuple[str, ...] = HEADLINE_KE
 
 
 def _short(value: str | None) -> str:
-    return "-" if not value else f"`{value[:HASH_CHARS]}`"
+    if not value:
+        return "-"
+    base = value.removesuffix(DIRTY)
+    return f"`{base[:HASH_CHARS]}`" + (" (uncommitted changes)" if value.endswith(DIRTY) else "")
 
 
 def provenance_markdown(records: list[RunRecord]) -> str:
@@ -249,6 +256,8 @@ def provenance_summary(records: list[RunRecord]) -> str:
     commits = sorted({r.provenance.git_commit or "unknown" for r in records})
     data = sorted({r.provenance.data_hash or "unknown" for r in records})
     mixed = " **(mixed: compare with care)**" if len(commits) > 1 or len(data) > 1 else ""
+    if any(c == "unknown" or c.endswith(DIRTY) for c in commits):
+        mixed += " **(code not fully recorded: a run without a commit or with uncommitted changes)**"
     return (f"{len(records)} MLflow runs; git commit(s) {', '.join(_short(c) for c in commits)}; "
             f"DVC data hash(es) {', '.join(_short(d) for d in data)}{mixed}.")
 

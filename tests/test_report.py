@@ -10,8 +10,8 @@ import pytest
 from test_ablation import TINY_ABLATION
 
 from agentr1.ablation import FULL
-from agentr1.report import (Claim, Provenance, RunRecord, ablation_table, ordering, pipeline_table, spread,
-                            weights_digest)
+from agentr1.report import (Claim, Provenance, RunRecord, ablation_table, ordering, pipeline_table,
+                            provenance_markdown, provenance_summary, spread, weights_digest)
 from tasks import tracking
 
 OUTCOME = "ppo-outcome-only"
@@ -49,6 +49,15 @@ def test_the_papers_claims_hold_beyond_within_or_not():
     assert Claim("x", "y", "greedy/em", -0.1, 0.05).verdict == "does not hold (reversed)"
     table = ablation_table(recs)
     assert f"(`{FULL}`) | 2 x 2/2 | **0.630** | 0.028 | 0.014 |" in table
+
+
+def test_provenance_says_when_the_code_was_not_committed():
+    clean, dirty = record("ppo", "a", 0, 0.5), record("ppo", "a", 1, 0.5)
+    dirty = RunRecord(dirty.variant, dirty.warmup, dirty.seed, dirty.final,
+                      Provenance("run-dirty", "c0ffee+dirty", "d4t4.dir", "cfg"))
+    assert "code not fully recorded" not in provenance_summary([clean])
+    assert "code not fully recorded" in provenance_summary([clean, dirty])
+    assert "`c0ffee` (uncommitted changes)" in provenance_markdown([dirty])
 
 
 def test_the_pipeline_table_gives_each_run_and_the_mean_gain():
@@ -96,6 +105,7 @@ def test_report_regenerates_the_study_from_mlflow(tiny_study, capsys):
     included = readme.read_text()
     assert "old numbers" not in included and included.endswith("\n\nThe end.\n")
     assert f"(`{FULL}`) | 2 x 1/1 |" in included and f"[{STUDY}.md](results/{STUDY}.md)" in included
+    assert f"![{STUDY}](results/{STUDY}.png)" in included
 
     c = tracking.client()
     parents = [c.get_run(r["run_id"]) for r in results]
@@ -122,8 +132,7 @@ def test_report_regenerates_the_study_from_mlflow(tiny_study, capsys):
     for k in kids:
         row = next(line for line in text.splitlines() if k.info.run_id in line)
         assert k.data.tags[tracking.TAG_CONFIG_HASH][:12] in row and data_hash[:12] in row
-        commit = k.data.tags.get("mlflow.source.git.commit")
-        assert commit is None or commit[:12] in row
+        assert k.data.tags["mlflow.source.git.commit"][:12] in row  # the code's commit, wherever run from
     assert "4 MLflow runs" in text
     assert f"`{FULL}` > `{OUTCOME}` (greedy/em)" in text
     assert "over 2 warm-up(s)" in text or "not defined for" in text
