@@ -77,7 +77,9 @@ def console_setup(verbose: bool) -> None:
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # MLflow sets its loggers' level when imported
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # torch's C++ NUMA notice when vLLM binds threads
     for name, pattern in ROUTINE.items():
-        logging.getLogger(name).addFilter(_DropRoutine(pattern))
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropRoutine) for f in logger.filters):  # once per process
+            logger.addFilter(_DropRoutine(pattern))
 
 
 def use_local_server(api: str = LOCAL_PREFECT_API) -> bool:
