@@ -1,6 +1,6 @@
 """The ``agentr1`` command.
 
-    agentr1 data synth --out DIR --seed N [--n-train 4000 --n-dev 200 --n-test 300 --hop-weights 0.25,0.35,0.40 --names rich|small]
+    agentr1 data synth --out DIR [--seed 0 --n-train 20000 --n-dev 200 --n-test 300 --hop-weights 0.25,0.35,0.40 --names small|rich]
     agentr1 data convert --format hotpotqa|musique --input FILE --out DIR [--split dev | --test-fraction 0.2 --dev-fraction 0.1]
     agentr1 data validate --data DIR
     agentr1 data retrieval-eval --data DIR --split test [--k 5]
@@ -10,6 +10,7 @@
     agentr1 ask --model champion|<version>|<dir> [--json] [--corpus FILE] [--temperature T --seed N] "question" ...
     agentr1 pipeline [--flow pipeline|retrain|evaluate] [--preset train] [-o key=value ...]   (Prefect flows)
     agentr1 ablate [--preset quick] [-o key=value ...] [--output-dir DIR]   (the ablation flow)
+    agentr1 report --study NAME [--run RUN_ID ...] [--out docs/results] [--include README.md]   (from MLflow)
 
 Results go to stdout as JSON; bad input exits with status 2 and a message on stderr naming
 the file, line and field (and writes nothing); training that diverges (or makes a rollout batch
@@ -135,16 +136,18 @@ def _add_data(subparsers: argparse._SubParsersAction) -> None:
     synth = sub.add_parser("synth", help="generate the synthetic multi-hop dataset; prints its statistics")
     synth.add_argument("--out", required=True, help="dataset directory to write: one that does not exist, or one "
                        "this command made (replaced); never anything else")
-    synth.add_argument("--seed", type=int, default=0)
-    synth.add_argument("--n-train", type=int, default=4000)
-    synth.add_argument("--n-dev", type=int, default=200)
-    synth.add_argument("--n-test", type=int, default=300)
+    # Defaults are the config's (the world data.dvc pins), so `data synth --out data` makes it.
+    defaults = SynthConfig()
+    synth.add_argument("--seed", type=int, default=defaults.seed)
+    synth.add_argument("--n-train", type=int, default=defaults.n_train)
+    synth.add_argument("--n-dev", type=int, default=defaults.n_dev)
+    synth.add_argument("--n-test", type=int, default=defaults.n_test)
     synth.add_argument("--hop-weights", type=_parse_weights, default=(0.25, 0.35, 0.40),
                        help="shares of 1,2,3-hop questions, e.g. 0.25,0.35,0.40")
     # The choices come from the config schema, not agentr1.data.synth: importing the generator
     # (and bm25s through it) would add ~0.3 s to every command's start-up.
     synth.add_argument("--names", choices=get_args(SynthConfig.model_fields["names"].annotation),
-                       default=SynthConfig().names,
+                       default=defaults.names,
                        help="name inventory: 'small' = few, frequent syllables (copyable by a tiny model)")
     synth.set_defaults(func=cmd_data_synth)
 
@@ -382,12 +385,45 @@ def _add_ablate(subparsers: argparse._SubParsersAction) -> None:
     add_ablate(subparsers)
 
 
+# ---------------------------------------------------------------- report
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tasks.report import write_study_report  # MLflow lives in tasks/, not in this package
+
+    words = ["agentr1", "report", *(["--study", args.study] if args.study else []),
+             *(w for r in args.run for w in ("--run", r)), "--out", args.out,
+             *(w for f in args.include for w in ("--include", f))]
+    try:
+        paths = write_study_report(args.study, args.out, args.run, command=" ".join(words), include=args.include)
+    except (LookupError, ValueError) as e:
+        print(f"agentr1: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    _print_json({k: str(v) for k, v in paths.items()})
+    return EXIT_OK
+
+
+def _add_report(subparsers: argparse._SubParsersAction) -> None:
+    rep = subparsers.add_parser("report", help="the markdown table and plot of a study, regenerated from its "
+                                "MLflow runs, each number with its run id, git commit, data and config hash")
+    rep.add_argument("--study", default=None, help="runs tagged agentr1.study=NAME (agentr1 ablate -o study=NAME, "
+                     "agentr1 pipeline --study NAME)")
+    rep.add_argument("--run", action="append", default=[], metavar="RUN_ID",
+                     help="instead of --study: these MLflow runs (an ablation's parent runs, or pipeline runs)")
+    rep.add_argument("--out", default="docs/results", help="directory for <study>.md and <study>.png")
+    rep.add_argument("--include", action="append", default=[], metavar="FILE",
+                     help="also put the summary between <!-- report:NAME --> and <!-- /report:NAME --> in FILE "
+                          "(e.g. README.md)")
+    rep.set_defaults(func=cmd_report)
+
+
 # ---------------------------------------------------------------- entry point
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_data, _add_search, _add_train, _add_evaluate,
                                                                 _add_ask]
 COMMANDS.append(_add_pipeline)
 COMMANDS.append(_add_ablate)
+COMMANDS.append(_add_report)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -51,7 +51,7 @@ class ModelConfig(_Section):
     max_position_embeddings: int = Field(1024, ge=64)
     init_std: float = Field(0.05, gt=0)
     """Scratch only: std of the weight init (0.05 lets a hidden-128 model learn to copy fast;
-    transformers' 0.02 stalls it: see README, "Learning to copy")."""
+    transformers' 0.02 stalls it: docs/experiments/2026-11-30-learning-to-copy.md, item 2)."""
     lora_r: int = Field(0, ge=0)
     """Pretrained only: LoRA rank; 0 trains every weight."""
     lora_alpha: int = 32

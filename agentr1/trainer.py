@@ -28,7 +28,6 @@ import numpy as np
 import torch
 from accelerate import Accelerator, PartialState
 from accelerate.utils import gather_object, get_int_from_env
-from tqdm.auto import tqdm
 
 from agentr1 import checkpoint as ckpt
 from agentr1.config import Config, ConfigError
@@ -53,6 +52,7 @@ log = logging.getLogger("agentr1.train")
 
 WARMUP_DIR = "warmup"
 WARMUP_STATS = "warmup_stats.json"
+WARMUP_PROGRESS_S = 20.0  # a warm-up progress line at least this often (the warm-up is the longest stage)
 FINAL_DIR = "final"
 LAST_DIR = Path("checkpoints") / "last"
 
@@ -161,7 +161,8 @@ def cosine_schedule(optimizer, warmup: int, total: int, warmdown_ratio: float = 
     of the steps (1.0: cosine from the end of warm-up, as before; nanochat's "warmdown").
 
     Holding the rate matters for a from-scratch model: copying forms abruptly after a few
-    hundred steps, and a cosine that has already halved the rate by then delays it (README).
+    hundred steps, and a cosine that has already halved the rate by then delays it
+    (docs/experiments/2026-11-30-learning-to-copy.md, item 4).
     """
     decay_start = max(warmup, total - round(warmdown_ratio * total))
 
@@ -317,8 +318,10 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     batches = iter(())
     metrics = {"sft/loss": float("nan"), "sft/token_acc": float("nan")}  # sft.steps=0: no warm-up
     guard = StepGuard(cfg.max_nonfinite_steps)
-    bar = tqdm(range(total), desc="warm-up", mininterval=5, disable=None)
-    for step in bar:
+    # A logged line, not a progress bar: a bar is silent when stderr is not a terminal (CI, the
+    # Prefect pipeline) and never reaches the Prefect task log; this does both.
+    loop_start = last_report = time.time()
+    for step in range(total):
         on_corpus = step < corpus_steps
         if on_corpus:  # next-token loss on every token of packed documents
             ids = rows[torch.randint(len(rows), (sft.batch_size,), generator=gen)].to(ws.device)
@@ -344,15 +347,16 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
             optimizer.step()
         scheduler.step()  # the schedule follows the step count, taken or skipped
         optimizer.zero_grad(set_to_none=True)
-        if step % 20 == 0 or step == total - 1:
-            loss_v, acc_v = metrics[prefix + "loss"], metrics[prefix + "token_acc"]
-            bar.set_postfix(loss=f"{loss_v:.3f}", acc=f"{acc_v:.3f}")
-            if step % 100 == 0:  # the bar is silent when stderr is not a terminal (CI, Prefect)
-                log.info("warm-up step %d/%d  %s %.3f  token acc %.3f  %.0fs", step, total,
-                         "corpus loss" if on_corpus else "loss", loss_v, acc_v, time.time() - t0)
-            if log_metrics:
-                log_metrics({**metrics, "sft/lr": scheduler.get_last_lr()[0],
-                             "sft/skipped_steps": float(guard.skipped)}, step)
+        now = time.time()
+        if now - last_report >= WARMUP_PROGRESS_S or step == total - 1:
+            last_report = now
+            done = step + 1
+            log.info("warm-up step %d/%d  %s %.3f  token acc %.3f  %.0fs, ~%.0fs left", done, total,
+                     "corpus loss" if on_corpus else "loss", metrics[prefix + "loss"],
+                     metrics[prefix + "token_acc"], now - t0, (now - loop_start) / done * (total - done))
+        if log_metrics and (step % 20 == 0 or step == total - 1):
+            log_metrics({**metrics, "sft/lr": scheduler.get_last_lr()[0],
+                         "sft/skipped_steps": float(guard.skipped)}, step)
     model = acc.unwrap_model(model)
     model.eval()
     if total:

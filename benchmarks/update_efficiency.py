@@ -38,8 +38,8 @@ from agentr1.trainer import make_accelerator, ppo_hyper
 from models.policy import ModelSpec, attention_for_precision, build_policy
 from models.tokenizer import build_tokenizer
 
-# The default run's episodes, measured (README): a 20-token prompt, ~21 action tokens in 3
-# turns of ~7, observations of ~35 tokens between them.
+# The default run's episodes, measured (docs/experiments/2026-11-30-learning-to-copy.md, item 5):
+# a 20-token prompt, ~21 action tokens in 3 turns of ~7, observations of ~35 tokens between them.
 PROMPT, TURN, OBSERVATION, TURNS = 20, 7, 35, 3
 
 

@@ -21,6 +21,7 @@ import time
 from prefect import flow
 
 from agentr1.ablation import Job
+from agentr1.report import weights_digest
 from flows.pipeline import run_name
 from flows.pipeline import run_tags as flow_tags
 from tasks import tracking
@@ -79,13 +80,18 @@ def ablation(params: AblationParams = AblationParams()) -> dict:
     jobs = plan(spec, cfg)
     runner = task_runner(spec.runner)  # fails now, not after the warm-up, if prefect-dask is missing
     _, threads = spec.runner.resolved()
-    tags = {**flow_tags(), "ablation.preset": params.preset, "ablation.root": spec.output_dir}
+    tags = {**flow_tags(), "ablation.preset": params.preset, "ablation.root": spec.output_dir,
+            tracking.TAG_STUDY: spec.study}
     with tracking.start_run(tracking.EXPERIMENTS["ablation"], run_name("ablation"), tags=tags) as run_id:
         tracking.log_config(run_id, cfg)
         tracking.log_params(run_id, spec_params(spec))
         data = prepare_data(cfg, spec.source, run_id)
         validate_data(data)
         warm = shared_warmup(cfg, spec, run_id)
+        # The warm-up is a factor of the result: its digest is what the report groups runs by, its
+        # weights (a few MB) an artifact, so a table can be re-derived from MLflow alone.
+        tracking.set_tags(run_id, {tracking.TAG_WARMUP_DIGEST: weights_digest(warm)})
+        tracking.log_artifacts(run_id, warm)
         with workers_share_api():
             results, failures = run_all.with_options(task_runner=runner)(jobs, warm, run_id, threads)
         text, eff, paths = write_report(spec, cfg, results, failures, time.time() - t0, command_line(params))

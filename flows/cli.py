@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
+import re
 import sys
 import urllib.request
 
@@ -28,6 +30,57 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 FLOWS = ("pipeline", "retrain", "evaluate")
+# A temporary Prefect server can take a minute to come up on two busy cores (Prefect's default
+# wait is 20 s: `make run` failed so while tests ran beside it); the ablation's workers use it too.
+EPHEMERAL_STARTUP_S = "180"
+OWN_LOGGER = "agentr1"  # the engine's and the tasks' loggers (agentr1.train, agentr1.tasks.*)
+# Routine lines a flow run repeats, by logger: left out by default (-v keeps them), from the console
+# and so from the flow run's log too, where the task runs and their states say the same.
+ROUTINE = {
+    # Per-iteration task ends: the engine's own "iter N/M em ... reward ..." line says more, once
+    # (the Prefect UI still lists every task run with its state).
+    "prefect.task_runs": re.compile(r"(ppo-iteration|validate-rollouts)-\d+: Finished in state Completed"),
+    # Every iteration task re-opens the session from the previous iteration's checkpoint.
+    "agentr1.train": re.compile(r"resuming PPO at iteration"),
+    # Every Great Expectations validation makes a temporary docs site (its logger is set to INFO
+    # when imported, so a level set here would not hold).
+    "great_expectations.data_context.types.base": re.compile(r"Created temporary directory"),
+}
+
+
+class _DropRoutine(logging.Filter):
+    def __init__(self, pattern: re.Pattern):
+        super().__init__()
+        self.pattern = pattern
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        task = getattr(record, "task_run_name", None)
+        text = f"{task}: {record.getMessage()}" if task else record.getMessage()
+        return not self.pattern.search(text)
+
+
+def console_setup(verbose: bool) -> None:
+    """What a flow run started here prints: the run's own progress (the ``agentr1`` loggers, also
+    sent to the Prefect run's log), Prefect's stage lines, and no third-party chatter (vLLM's
+    per-iteration weight reloads and start-up warnings, progress bars of weight loading and
+    artifact downloads), unless ``verbose``. Call before Prefect is imported: it reads
+    ``PREFECT_LOGGING_EXTRA_LOGGERS`` once."""
+    extra = os.environ.get("PREFECT_LOGGING_EXTRA_LOGGERS", "")
+    if OWN_LOGGER not in extra.split(","):
+        os.environ["PREFECT_LOGGING_EXTRA_LOGGERS"] = ",".join(filter(None, [extra, OWN_LOGGER]))
+    logging.getLogger(OWN_LOGGER).setLevel(logging.INFO)  # Prefect's root logger passes WARNING only
+    if verbose:
+        return
+    from agentr1.cli import _quiet_third_party
+
+    _quiet_third_party()
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # MLflow sets its loggers' level when imported
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # torch's C++ NUMA notice when vLLM binds threads
+    for name, pattern in ROUTINE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropRoutine) for f in logger.filters):  # once per process
+            logger.addFilter(_DropRoutine(pattern))
 
 
 def use_local_server(api: str = LOCAL_PREFECT_API) -> bool:
@@ -58,6 +111,7 @@ def flow_params(args: argparse.Namespace):
     source = {k: v for k, v in (("kind", args.source), ("input", args.input), ("dev_fraction", args.dev_fraction),
                                 ("test_fraction", args.test_fraction)) if v is not None}
     common["data"] = DataSource(**source)
+    common["study"] = args.study
     if args.flow == "retrain":
         from flows.retrain import retrain
 
@@ -103,6 +157,8 @@ def run_flow(args: argparse.Namespace, flow, params):
 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
+    console_setup(args.verbose)
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_S)
     server = use_local_server()
     flow, params = flow_params(args)
     from tasks.registry import RegistrationRefused
@@ -133,6 +189,12 @@ def print_outcome(args: argparse.Namespace, server: bool, state, result: dict, h
     return EXIT_OK
 
 
+def _add_output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the flow's result as JSON instead")
+    p.add_argument("-v", "--verbose", action="store_true", help="keep third-party output (vLLM, progress bars) "
+                   "and every iteration's task ends in the console")
+
+
 def add_pipeline(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("pipeline", help="run a Prefect flow here (pipeline, retrain, evaluate); prints a summary")
     p.add_argument("--flow", choices=FLOWS, default="pipeline")
@@ -147,20 +209,19 @@ def add_pipeline(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dev-fraction", type=float, default=None, help="pipeline/retrain: share of converted records in dev")
     p.add_argument("--test-fraction", type=float, default=None,
                    help="pipeline/retrain: share of converted records in test")
+    p.add_argument("--study", default=None, help="pipeline/retrain: tag the run as part of this study "
+                   "(agentr1 report --study NAME sums its runs up)")
     p.add_argument("--model", default="champion", help="evaluate: a policy dir, version, alias or models:/ URI")
     p.add_argument("--split", default="test", help="evaluate: the split")
-    p.add_argument("--json", action="store_true", help="print the flow's result as JSON instead")
+    _add_output_args(p)
     p.set_defaults(func=cmd_pipeline)
 
 
 # ---------------------------------------------------------------- ablate
 
-# A temporary Prefect server can take a minute to come up on two busy cores (Prefect's default
-# wait is 20 s); and the ablation's worker processes use it too.
-EPHEMERAL_STARTUP_S = "180"
-
 
 def cmd_ablate(args: argparse.Namespace) -> int:
+    console_setup(args.verbose)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_S)
     server = use_local_server()
     from flows.ablation import AblationFailed, ablation
@@ -191,5 +252,5 @@ def add_ablate(subparsers: argparse._SubParsersAction) -> None:
                          "curve.every=5, warmup=DIR) or a training-config key (ppo.iterations=10, data.dir=DIR); "
                          "repeatable"))
     p.add_argument("--output-dir", default=None, help="ablation root (default: the preset's); the same dir resumes")
-    p.add_argument("--json", action="store_true", help="print the flow's result as JSON instead")
+    _add_output_args(p)
     p.set_defaults(func=cmd_ablate)

@@ -154,7 +154,8 @@ def summary_sections(c: Candidate, version: str, decision: Promotion, name: str)
 def run_training_flow(kind: str, form: PipelineParams) -> dict:
     """Shared body of ``pipeline`` and ``retrain``: train, evaluate, register, challenge."""
     cfg = resolve_config(form, kind)
-    with tracking.start_run(tracking.EXPERIMENTS[kind], run_name(kind), tags=run_tags(),
+    tags = {**run_tags(), tracking.TAG_STUDY: form.study}
+    with tracking.start_run(tracking.EXPERIMENTS[kind], run_name(kind), tags=tags,
                             system_metrics_interval=SYSTEM_METRICS_INTERVAL_S) as run_id:
         crash_orphaned_flow_runs(tracking.EXPERIMENTS[kind])
         tracking.log_config(run_id, cfg)

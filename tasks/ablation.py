@@ -134,6 +134,8 @@ class AblationSpec(_Form):
     source: DataSource = Field(default_factory=lambda: DataSource(version=False),
                                description="How to make data.dir if it is missing.")
     output_dir: str = Field("runs/ablation/default", description="Ablation root; re-running with it resumes.")
+    study: str | None = Field(None, description="Tag the flow's runs as part of this study (`agentr1 report "
+                              "--study`): one flow run per warm-up, the same study name.")
 
     @field_validator("variants")
     @classmethod

@@ -70,6 +70,7 @@ class TrainForm(ConfigForm):
     advantage_mask: bool | None = Field(None, description="GAE over action tokens only.")
     process_reward: bool | None = Field(None, description="Dense process rewards on top of the outcome.")
     data: DataSource = Field(default_factory=DataSource, description="How to make the dataset if it is missing.")
+    study: str | None = Field(None, description="Tag the run as part of this study (`agentr1 report --study`).")
 
 
 class PipelineParams(TrainForm):

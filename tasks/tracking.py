@@ -103,6 +103,10 @@ TAG_HOST = "agentr1.host"
 TAG_PROCESS_STARTED = "agentr1.process_started"  # a pid reused by a later process is not taken for the owner
 TAG_ENDED_BY = "agentr1.ended_by"  # set when someone other than the owner ended the run
 TAG_PREFECT_FLOW_RUN = "prefect_flow_run_id"  # the Prefect flow run a flow's MLflow run belongs to
+TAG_STUDY = "agentr1.study"  # the published result a run belongs to (`agentr1 report --study`)
+TAG_WARMUP_DIGEST = "agentr1.warmup_digest"  # sha256 of the warm-up weights a run started from
+TAG_GIT_DIRTY = "agentr1.git_dirty"  # "true": tracked files differed from the commit when the run started
+CODE_DIR = Path(__file__).resolve().parent  # the commit a run records is the code's, wherever it was started
 
 LOCK_SUFFIX = ".lock"
 STORE_LOCK_TIMEOUT_S = 600.0  # a holder does milliseconds of SQL; minutes mean something is stuck
@@ -233,6 +237,17 @@ def git_commit(cwd: str | Path | None = None) -> str | None:
     return sha if out.returncode == 0 and sha else None
 
 
+def git_dirty(cwd: str | Path | None = None) -> bool | None:
+    """Whether tracked files of ``cwd``'s repository differ from its HEAD (a number made then
+    is not reproducible from the commit alone); None outside a repo."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+
 @contextmanager
 def start_run(
     experiment: str,
@@ -252,7 +267,9 @@ def start_run(
     c = client()
     exp_id = experiment_id(experiment)
     end_orphaned_runs(experiment)
-    run_tags = _tags({MLFLOW_USER: _user(), MLFLOW_GIT_COMMIT: git_commit(), **(tags or {}),
+    dirty = git_dirty(CODE_DIR)
+    run_tags = _tags({MLFLOW_USER: _user(), MLFLOW_GIT_COMMIT: git_commit(CODE_DIR),
+                      TAG_GIT_DIRTY: None if dirty is None else str(dirty).lower(), **(tags or {}),
                       **_owner_tags(), MLFLOW_PARENT_RUN_ID: parent_run_id})
     run_id = c.create_run(exp_id, tags=run_tags, run_name=run_name).info.run_id
     monitor = system_metrics(run_id, system_metrics_interval) if system_metrics_interval else None

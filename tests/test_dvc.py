@@ -89,6 +89,9 @@ def test_conf_synth_matches_make_data():
     a = _makefile_synth_args()
     synth = yaml.safe_load((ROOT / "conf" / "train.yaml").read_text())["data"]["synth"]
     assert synth == {"seed": a.seed, "n_train": a.n_train, "n_dev": a.n_dev, "n_test": a.n_test, "names": a.names}
+    # ... and so does `agentr1 data synth --out data` with no flags (the README's example).
+    bare = build_parser().parse_args(["data", "synth", "--out", "unused"])
+    assert vars(bare) | {"out": "unused"} == vars(a) | {"out": "unused"}
 
 
 def test_regenerated_data_hashes_to_data_dvc(regenerated, pinned):

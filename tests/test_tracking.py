@@ -79,6 +79,7 @@ def test_run_ends_finished_or_failed_and_carries_git_commit():
     sha = tr.git_commit()
     assert sha is not None and len(sha) == 40
     assert ok.data.tags["mlflow.source.git.commit"] == sha
+    assert ok.data.tags["agentr1.git_dirty"] in ("true", "false")  # the code's repository, wherever run from
 
 
 def test_git_commit_is_none_outside_a_repo(tmp_path):

@@ -153,7 +153,8 @@ PAIR_FRAME_PROB = 0.5
 # "small": 240 syllables of at most 3 letters, 3 per word, one word per name and no suffix.
 # A space inside a name becomes its own token, the same token that precedes every capitalised
 # word, so copying the word after it needs more than matching the previous token: a 4-layer
-# model learned to copy "a b SEP c d" far slower than "a b c d" (measured, README).
+# model learned to copy "a b SEP c d" far slower than "a b c d" (measured:
+# docs/experiments/2026-11-30-learning-to-copy.md, item 3).
 @dataclass(frozen=True)
 class NameInventory:
     onsets: tuple[str, ...]

@@ -266,6 +266,7 @@ def _start_engine(policy: torch.nn.Module, device: torch.device, max_model_len: 
             # with eager execution and an explicit KV-cache size.
             enforce_eager=on_cpu, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES if on_cpu else None,
             gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
+            use_tqdm_on_load=False,  # a progress bar per engine start, for a model that loads in milliseconds
         )
     # The CPU worker replaces torch.set_num_threads with a no-op because it pins threads in
     # its own process; in-process nothing is pinned, so give the trainer its function back.

@@ -1,0 +1,286 @@
+"""The published numbers of a study: tables with spread and provenance, from run records.
+
+A *study* is a set of tracked runs that together make one published result: the ablation
+(one flow run per warm-up, each with its (variant, PPO seed) runs) or the default pipeline
+run repeated over seeds. ``tasks.report.study_records`` reads them from MLflow; this module
+only sums them up (no MLflow, no Prefect), so every number in ``docs/results/`` is computed
+here from run records that name their MLflow run, git commit, DVC data hash and config hash.
+
+Two kinds of spread are kept apart (the warm-up decided more than PPO's seed in every
+experiment so far, docs/experiments/):
+
+- **over warm-ups**: the standard deviation, across warm-ups, of each warm-up's mean over its
+  PPO seeds;
+- **over seeds**: the standard deviation across PPO seeds from one warm-up, averaged over the
+  warm-ups (how much a PPO seed moves the result when the warm-up is fixed).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentr1.ablation import FULL, VARIANTS, efficiency, mean_curve, mean_std
+
+HASH_CHARS = 12  # short hashes and commits in tables; the provenance table lists them whole
+DIRTY = "+dirty"  # a commit's suffix when the run's code differed from it
+WEIGHTS_GLOB = "*.safetensors"  # the policy and its value head
+DIGEST_CHUNK = 1 << 20
+HEADLINE_KEYS = ("greedy/em", "sampled/em")
+# The paper's claims, as (better, worse) variant pairs of the ablation table.
+PAPER_ORDERING = (("ppo", "ppo-no-adv-mask"), ("ppo-no-adv-mask", "ppo-no-masks"), ("ppo", "ppo-no-masks"),
+                  ("ppo", "ppo-outcome-only"))
+FASTER_THAN = "ppo-outcome-only"  # "process rewards learn faster than outcome only"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a number came from: the MLflow run, and what it ran on."""
+
+    run_id: str
+    git_commit: str | None
+    """Suffixed :data:`DIRTY` when tracked files differed from the commit as the run started."""
+    data_hash: str | None
+    config_hash: str | None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One tracked run of a study: a (variant, warm-up, seed) cell and what it measured."""
+
+    variant: str
+    warmup: str
+    """What identifies the warm-up the run started from (its seed and a digest of its weights)."""
+    seed: int
+    final: dict[str, float]
+    """Final held-out metrics (``greedy/em``...)."""
+    provenance: Provenance
+    start: dict[str, float] = field(default_factory=dict)
+    """The same metrics before RL (the warm-up's), where the run measured them."""
+    curve: list[dict] = field(default_factory=list)
+    """Learning-curve points ``{iteration, train_seconds, greedy/em, ...}`` (ablation runs)."""
+
+
+def weights_digest(policy_dir: str | Path) -> str:
+    """sha256 over a policy directory's weight files (policy and value head, by name): two
+    warm-ups are the same warm-up exactly when this is equal (a seed alone does not say so: the
+    thread count changes the weights)."""
+    files = sorted(Path(policy_dir).glob(WEIGHTS_GLOB))
+    if not files:
+        raise FileNotFoundError(f"{policy_dir}: no {WEIGHTS_GLOB} weights to digest")
+    h = hashlib.sha256()
+    for path in files:
+        h.update(path.name.encode())
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(DIGEST_CHUNK), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- spread
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A metric over a grid of (warm-up, seed) runs."""
+
+    mean: float
+    over_warmups: float
+    """Std across warm-ups of the per-warm-up means (NaN for one warm-up)."""
+    over_seeds: float
+    """Mean over warm-ups of the std across PPO seeds (NaN with one seed per warm-up)."""
+    overall: float
+    """Std over all runs, the yardstick of :func:`ordering`."""
+    warmups: int
+    runs: int
+
+
+def spread(values: dict[str, list[float]]) -> Spread:
+    """``values``: warm-up -> the metric of each PPO seed run from it."""
+    per_warmup = [mean_std(v) for v in values.values() if v]
+    means = [m for m, _ in per_warmup]
+    seed_sds = [s for _, s in per_warmup if not math.isnan(s)]
+    everything = [x for v in values.values() for x in v]
+    mean, over_warmups = mean_std(means)
+    return Spread(mean, over_warmups, statistics.fmean(seed_sds) if seed_sds else math.nan,
+                  mean_std(everything)[1], len(means), len(everything))
+
+
+def grid(records: Iterable[RunRecord], variant: str, key: str) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for r in records:
+        if r.variant == variant and key in r.final:
+            out.setdefault(r.warmup, []).append(r.final[key])
+    return out
+
+
+def _num(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.3f}"
+
+
+def variant_order(names: Iterable[str]) -> list[str]:
+    known = list(VARIANTS)
+    return sorted(set(names), key=lambda n: (known.index(n) if n in known else len(known), n))
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def ablation_table(records: list[RunRecord], keys: tuple[str, ...] = HEADLINE_KEYS, split: str = "test") -> str:
+    """One row per variant: warm-ups x seeds, then per metric the mean, ± over warm-ups and
+    ± over PPO seeds."""
+    head = ["variant", "warm-ups x seeds"]
+    for k in keys:
+        head += [f"{split} {k}", "± warm-ups", "± seeds"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    for name in variant_order(r.variant for r in records):
+        g = grid(records, name, keys[0])
+        label = VARIANTS[name].label if name in VARIANTS else name
+        cells = [f"{label} (`{name}`)", f"{len(g)} x {'/'.join(str(len(v)) for v in g.values())}"]
+        for k in keys:
+            s = spread(grid(records, name, k))
+            cells += [f"**{_num(s.mean)}**" if name == FULL else _num(s.mean), _num(s.over_warmups),
+                      _num(s.over_seeds)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One "``better`` beats ``worse`` on ``key``" claim of the paper, as measured."""
+
+    better: str
+    worse: str
+    key: str
+    difference: float
+    yardstick: float
+    """The larger of the two variants' standard deviations over all their runs."""
+
+    @property
+    def verdict(self) -> str:
+        if math.isnan(self.difference):
+            return "not measured"
+        if math.isnan(self.yardstick):
+            return "holds (one run each: no spread to compare with)" if self.difference > 0 else "does not hold"
+        if self.difference > self.yardstick:
+            return "holds beyond one standard deviation"
+        return "holds, within one standard deviation" if self.difference > 0 else "does not hold (reversed)"
+
+
+def ordering(records: list[RunRecord], key: str = "greedy/em",
+             pairs: tuple[tuple[str, str], ...] = PAPER_ORDERING) -> list[Claim]:
+    """Each of the paper's "A beats B" claims, tested on ``key``."""
+    claims = []
+    for better, worse in pairs:
+        a, b = spread(grid(records, better, key)), spread(grid(records, worse, key))
+        known = [s.overall for s in (a, b) if not math.isnan(s.overall)]
+        yard = max(known) if known else math.nan
+        claims.append(Claim(better, worse, key, a.mean - b.mean, yard))
+    return claims
+
+
+def ordering_markdown(claims: list[Claim]) -> str:
+    lines = ["| claim | difference of means | larger std | verdict |", "|---|---:|---:|---|"]
+    for c in claims:
+        lines.append(f"| `{c.better}` > `{c.worse}` ({c.key}) | {_num(c.difference)} | {_num(c.yardstick)} "
+                     f"| {c.verdict} |")
+    return "\n".join(lines)
+
+
+def speed_claim(records: list[RunRecord], metric: str = "greedy/em", reference: str = FASTER_THAN) -> str:
+    """"Process rewards learn faster than outcome only": per warm-up, the iteration at which the
+    full method's mean curve reaches ``reference``'s final value over ``reference``'s own
+    (``agentr1.ablation.efficiency``), then the ratios' mean ± std over warm-ups."""
+    ratios, other = [], []
+    for w in sorted({r.warmup for r in records}):
+        curves = {name: mean_curve([{"curve": r.curve} for r in records
+                                    if r.variant == name and r.warmup == w and r.curve])
+                  for name in (FULL, reference)}
+        eff = efficiency(curves, metric, FULL, reference)
+        if eff.iteration_ratio is not None:
+            ratios.append(eff.iteration_ratio)
+        else:
+            other.append(f"warm-up {w}: {eff.status}")
+    if not ratios and not other:
+        return f"Speed against `{reference}`: no learning curves in this study."
+    mean, sd = mean_std(ratios)
+    text = (f"Iterations the full method needs to reach `{reference}`'s final {metric}, over `{reference}`'s own "
+            f"(below 1: process rewards learn faster): {_num(mean)} ± {_num(sd)} over {len(ratios)} warm-up(s)")
+    return text + (f"; not defined for {'; '.join(other)}." if other else ".")
+
+
+def pipeline_table(records: list[RunRecord], keys: tuple[str, ...] = HEADLINE_KEYS, split: str = "test") -> str:
+    """The default run repeated: one row per run (before RL -> after), then mean ± std."""
+    head = ["run", "seed", *(f"{split} {k}: warm-up -> after PPO (gain)" for k in keys), "MLflow run"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---:|" + "---|" * len(keys) + "---|"]
+    for i, r in enumerate(sorted(records, key=lambda r: r.seed), 1):
+        cells = [str(i), str(r.seed)]
+        for k in keys:
+            before, after = r.start.get(k, math.nan), r.final.get(k, math.nan)
+            cells.append(f"{_num(before)} -> **{_num(after)}** ({after - before:+.3f})")
+        lines.append("| " + " | ".join(cells + [f"`{r.provenance.run_id}`"]) + " |")
+    if len(records) > 1:
+        cells = ["mean ± std", ""]
+        for k in keys:
+            b = mean_std([r.start.get(k, math.nan) for r in records])
+            a = mean_std([r.final.get(k, math.nan) for r in records])
+            g = mean_std([r.final.get(k, math.nan) - r.start.get(k, math.nan) for r in records])
+            cells.append(f"{_num(b[0])} -> **{_num(a[0])}** ± {_num(a[1])} (gain {_num(g[0])} ± {_num(g[1])})")
+        lines.append("| " + " | ".join(cells + [""]) + " |")
+    return "\n".join(lines)
+
+
+def _short(value: str | None) -> str:
+    if not value:
+        return "-"
+    base = value.removesuffix(DIRTY)
+    return f"`{base[:HASH_CHARS]}`" + (" (uncommitted changes)" if value.endswith(DIRTY) else "")
+
+
+def provenance_markdown(records: list[RunRecord]) -> str:
+    """Every run behind the tables: MLflow run id, git commit, DVC data hash, config hash."""
+    lines = ["| variant | warm-up | seed | MLflow run | git commit | DVC data hash | config hash |",
+             "|---|---|---:|---|---|---|---|"]
+    for r in sorted(records, key=lambda r: (variant_order([r.variant]), r.variant, r.warmup, r.seed)):
+        p = r.provenance
+        lines.append(f"| `{r.variant}` | {r.warmup} | {r.seed} | `{p.run_id}` | {_short(p.git_commit)} "
+                     f"| {_short(p.data_hash)} | {_short(p.config_hash)} |")
+    return "\n".join(lines)
+
+
+def provenance_summary(records: list[RunRecord]) -> str:
+    """One line: the distinct commits and data hashes (a study mixing them says so)."""
+    commits = sorted({r.provenance.git_commit or "unknown" for r in records})
+    data = sorted({r.provenance.data_hash or "unknown" for r in records})
+    mixed = " **(mixed: compare with care)**" if len(commits) > 1 or len(data) > 1 else ""
+    if any(c == "unknown" or c.endswith(DIRTY) for c in commits):
+        mixed += " **(code not fully recorded: a run without a commit or with uncommitted changes)**"
+    return (f"{len(records)} MLflow runs; git commit(s) {', '.join(_short(c) for c in commits)}; "
+            f"DVC data hash(es) {', '.join(_short(d) for d in data)}{mixed}.")
+
+
+# ----------------------------------------------------------------------------- including
+
+
+def markers(name: str) -> tuple[str, str]:
+    """The comment lines between which a document includes study ``name``'s summary."""
+    return f"<!-- report:{name} -->", f"<!-- /report:{name} -->"
+
+
+def splice(path: str | Path, name: str, text: str) -> bool:
+    """Put ``text`` between ``name``'s markers in the markdown file ``path`` (what was there is
+    the previous generation of the same text); returns whether the file changed. A file without
+    the markers is an error naming them: nothing of the user's is overwritten."""
+    path = Path(path)
+    begin, end = markers(name)
+    doc = path.read_text(encoding="utf-8")
+    start, stop = doc.find(begin), doc.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"{path}: no '{begin}' ... '{end}' block to put the {name} report in")
+    new = f"{doc[:start + len(begin)]}\n{text.strip()}\n{doc[stop:]}"
+    if new != doc:
+        path.write_text(new, encoding="utf-8")
+    return new != doc

@@ -1,0 +1,161 @@
+"""`agentr1 report`: a study's tables and plot regenerated from its MLflow runs, the spread over
+warm-ups kept apart from the spread over PPO seeds, every number traced to its run."""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import pytest
+from test_ablation import TINY_ABLATION
+
+from agentr1.ablation import FULL
+from agentr1.report import (Claim, Provenance, RunRecord, ablation_table, ordering, pipeline_table,
+                            provenance_markdown, provenance_summary, spread, weights_digest)
+from tasks import tracking
+
+OUTCOME = "ppo-outcome-only"
+STUDY = "tiny-study"
+WARMUP_SEEDS = (0, 1)
+
+
+def record(variant: str, warmup: str, seed: int, em: float, start: float | None = None) -> RunRecord:
+    return RunRecord(variant, warmup, seed, {"greedy/em": em, "sampled/em": em / 2},
+                     Provenance(f"run-{variant}-{warmup}-{seed}", "c0ffee", "d4t4.dir", "cfg"),
+                     start={"greedy/em": start, "sampled/em": start / 2} if start is not None else {})
+
+
+def test_spread_over_warmups_and_over_seeds_in_closed_form():
+    s = spread({"w0": [1.0, 3.0], "w1": [5.0, 7.0]})
+    assert s.mean == 4.0
+    assert math.isclose(s.over_warmups, statistics.stdev([2.0, 6.0]))  # of the per-warm-up means
+    assert math.isclose(s.over_seeds, math.sqrt(2.0))  # both warm-ups' seed std, averaged
+    assert math.isclose(s.overall, statistics.stdev([1.0, 3.0, 5.0, 7.0]))
+    assert (s.warmups, s.runs) == (2, 4)
+    one = spread({"w0": [0.5]})
+    assert one.mean == 0.5 and math.isnan(one.over_warmups) and math.isnan(one.over_seeds)
+
+
+def test_the_papers_claims_hold_beyond_within_or_not():
+    recs = [record(FULL, w, s, em) for w, s, em in [("a", 0, 0.60), ("a", 1, 0.62), ("b", 0, 0.64), ("b", 1, 0.66)]]
+    recs += [record(OUTCOME, w, s, em) for w, s, em in [("a", 0, 0.40), ("a", 1, 0.42), ("b", 0, 0.44), ("b", 1, 0.46)]]
+    recs += [record("ppo-no-adv-mask", w, s, em) for w, s, em in [("a", 0, 0.20), ("a", 1, 0.90), ("b", 0, 0.55),
+                                                                     ("b", 1, 0.60)]]
+    claims = {(c.better, c.worse): c for c in ordering(recs)}
+    assert claims[FULL, OUTCOME].verdict == "holds beyond one standard deviation"
+    assert math.isclose(claims[FULL, OUTCOME].difference, 0.2)
+    assert claims[FULL, "ppo-no-adv-mask"].verdict == "holds, within one standard deviation"  # 0.63 vs 0.5625
+    assert claims["ppo-no-adv-mask", "ppo-no-masks"].verdict == "not measured"
+    assert Claim("x", "y", "greedy/em", -0.1, 0.05).verdict == "does not hold (reversed)"
+    table = ablation_table(recs)
+    assert f"(`{FULL}`) | 2 x 2/2 | **0.630** | 0.028 | 0.014 |" in table
+
+
+def test_provenance_says_when_the_code_was_not_committed():
+    clean, dirty = record("ppo", "a", 0, 0.5), record("ppo", "a", 1, 0.5)
+    dirty = RunRecord(dirty.variant, dirty.warmup, dirty.seed, dirty.final,
+                      Provenance("run-dirty", "c0ffee+dirty", "d4t4.dir", "cfg"))
+    assert "code not fully recorded" not in provenance_summary([clean])
+    assert "code not fully recorded" in provenance_summary([clean, dirty])
+    assert "`c0ffee` (uncommitted changes)" in provenance_markdown([dirty])
+
+
+def test_the_pipeline_table_gives_each_run_and_the_mean_gain():
+    text = pipeline_table([record("pipeline", "seed 0", 0, 0.9, start=0.5), record("pipeline", "seed 1", 1, 0.7,
+                                                                                  start=0.5)])
+    assert "| 1 | 0 | 0.500 -> **0.900** (+0.400) |" in text
+    assert "0.500 -> **0.800** ± 0.141 (gain 0.300 ± 0.141)" in text
+    assert "`run-pipeline-seed 1-1`" in text
+
+
+@pytest.fixture(scope="module")
+def tiny_study(prefect_api, tmp_path_factory):
+    """Two ablation flow runs, one per warm-up seed, tagged as one study: two RL variants x one
+    PPO seed each, 2 PPO iterations, in this process (real runs in the tests' SQLite MLflow
+    store). The spread over seeds is tested in closed form above."""
+    import torch
+
+    from flows.ablation import ablation
+    from tasks.ablation import AblationParams
+
+    before = torch.get_num_threads()  # the sequential runner sets this process's threads
+    root = tmp_path_factory.mktemp("study")
+    results = []
+    for w in WARMUP_SEEDS:
+        overrides = [f"data.dir={root / 'data'}", *TINY_ABLATION, f"variants=[{FULL},{OUTCOME}]", "seeds=[0]",
+                     "runner.kind=sequential", "runner.threads_per_worker=1", f"seed={w}", f"study={STUDY}"]
+        results.append(ablation(AblationParams(preset="quick", overrides=overrides, output_dir=str(root / f"w{w}"))))
+    torch.set_num_threads(before)
+    return root, results
+
+
+@pytest.mark.slow
+def test_report_regenerates_the_study_from_mlflow(tiny_study, capsys):
+    from agentr1.cli import main
+
+    root, results = tiny_study
+    out = root / "results"
+    readme = root / "README.md"
+    readme.write_text(f"# Results\n\n<!-- report:{STUDY} -->\nold numbers\n<!-- /report:{STUDY} -->\n\nThe end.\n")
+    assert main(["report", "--study", STUDY, "--out", str(out), "--include", str(readme)]) == 0
+    paths = json.loads(capsys.readouterr().out)
+    text = (out / f"{STUDY}.md").read_text()
+    assert paths["markdown"] == str(out / f"{STUDY}.md") and (out / f"{STUDY}.png").stat().st_size > 0
+    assert f"agentr1 report --study {STUDY} --out {out} --include {readme}" in text
+    included = readme.read_text()
+    assert "old numbers" not in included and included.endswith("\n\nThe end.\n")
+    assert f"(`{FULL}`) | 2 x 1/1 |" in included and f"[{STUDY}.md](results/{STUDY}.md)" in included
+    assert f"![{STUDY}](results/{STUDY}.png)" in included
+
+    c = tracking.client()
+    parents = [c.get_run(r["run_id"]) for r in results]
+    kids = [k for p in parents for k in c.search_runs([p.info.experiment_id],
+                                                      f"tags.mlflow.parentRunId = '{p.info.run_id}'")]
+    assert len(kids) == 4
+    # The table's numbers are those of the runs, grouped by warm-up then by seed.
+    em = {}
+    for p in parents:
+        for k in kids:
+            if k.data.tags["mlflow.parentRunId"] == p.info.run_id and k.data.tags["ablation.variant"] == FULL:
+                em.setdefault(p.info.run_id, []).append(k.data.metrics["final/greedy/em"])
+    s = spread(em)
+    assert s.warmups == 2 and f"(`{FULL}`) | 2 x 1/1 | **{s.mean:.3f}** | {s.over_warmups:.3f} | n/a |" in text
+    # Two warm-ups (seed 0 and seed 1), told apart by their weights.
+    digests = {p.data.tags[tracking.TAG_WARMUP_DIGEST] for p in parents}
+    assert len(digests) == 2
+    assert digests == {weights_digest(root / f"w{w}" / "warmup") for w in WARMUP_SEEDS}
+    # ... and each warm-up is kept with its flow run, so the table can be re-derived from MLflow.
+    assert {a.path for a in c.list_artifacts(parents[0].info.run_id, "warmup")} >= {"warmup/model.safetensors"}
+    assert all(f"seed {w} ({weights_digest(root / f'w{w}' / 'warmup')[:8]})" in text for w in WARMUP_SEEDS)
+    # Every run's provenance: MLflow id, git commit, DVC data hash (from the flow run), config hash.
+    data_hash = parents[0].data.tags[tracking.TAG_DATA_HASH]
+    for k in kids:
+        row = next(line for line in text.splitlines() if k.info.run_id in line)
+        assert k.data.tags[tracking.TAG_CONFIG_HASH][:12] in row and data_hash[:12] in row
+        assert k.data.tags["mlflow.source.git.commit"][:12] in row  # the code's commit, wherever run from
+    assert "4 MLflow runs" in text
+    assert f"`{FULL}` > `{OUTCOME}` (greedy/em)" in text
+    assert "over 2 warm-up(s)" in text or "not defined for" in text
+
+
+def test_report_names_what_is_missing(capsys):
+    from agentr1.cli import main
+
+    assert main(["report", "--study", "no-such-study", "--out", "unused"]) == 2
+    err = capsys.readouterr().err
+    assert "no finished MLflow run is tagged agentr1.study=no-such-study" in err
+    assert main(["report", "--study", "bad'name"]) == 2
+    assert "expected a name of letters" in capsys.readouterr().err
+
+
+def test_splicing_needs_the_markers_and_keeps_the_rest(tmp_path):
+    from agentr1.report import splice
+
+    doc = tmp_path / "doc.md"
+    doc.write_text("intro\n<!-- report:s -->\nold\n<!-- /report:s -->\noutro\n")
+    assert splice(doc, "s", "new table") is True
+    assert doc.read_text() == "intro\n<!-- report:s -->\nnew table\n<!-- /report:s -->\noutro\n"
+    assert splice(doc, "s", "new table") is False  # the same generation twice changes nothing
+    with pytest.raises(ValueError, match="no '<!-- report:other -->'"):
+        splice(doc, "other", "x")
+    assert "other" not in doc.read_text()
