@@ -291,6 +291,8 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
 
     seed_everything(cfg.seed)
     t0 = time.time()
+    # Playing the demonstrations takes a while before the first training step: say so.
+    log.info("warm-up: playing %d demonstration episodes (%s environment)", demonstrations_needed(cfg), cfg.env.kind)
     records, transcripts = expert_transcripts(ws, demonstrations_needed(cfg), cfg.seed)
     expert_em = sum(t.metrics["em"] for t in transcripts) / len(transcripts) if transcripts else None
     model, tokenizer, chat = build_model(cfg, ws, records, transcripts)
