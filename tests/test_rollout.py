@@ -7,7 +7,7 @@ import torch
 from agentr1.config import ModelConfig
 from agentr1.env.agents import OracleAgent
 from agentr1.rl.ppo import forward_tokens
-from agentr1.rollout.backend import Generation, HFBackend, SamplingSpec, sample_next
+from agentr1.rollout.backend import Generation, HFBackend, SamplingSpec, _GumbelStream, _sample, sample_next
 from agentr1.rollout.batch import collate
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings
 from models.policy import ModelSpec, build_policy
@@ -147,6 +147,20 @@ def test_sample_next_is_per_row_seeded_and_respects_top_p():
     assert greedy.tolist() == [1, 0] and torch.all(lp <= 0)
 
 
+def test_noise_drawn_in_blocks_equals_noise_drawn_per_step(monkeypatch):
+    """The backend draws a block of steps' noise per row at once; the draws must be the ones
+    sample_next makes step by step, or seeded samples would change."""
+    monkeypatch.setattr(_GumbelStream, "NOISE_BLOCK", 3 * 2 * 50)  # blocks of 3 steps, the last of 1
+    spec = SamplingSpec(7, (), temperature=0.7)
+    logits = torch.randn(7, 2, 50, generator=torch.Generator().manual_seed(0)) * 3
+    stream = _GumbelStream([torch.Generator().manual_seed(s) for s in (4, 5)], 7)
+    stepwise = [torch.Generator().manual_seed(s) for s in (4, 5)]
+    for t in range(7):
+        blocked = _sample(logits[t], spec, stream.next(50))
+        one = sample_next(logits[t], spec, stepwise)
+        assert torch.equal(blocked[0], one[0]) and torch.equal(blocked[1], one[1])
+
+
 def test_length_bucketed_batches_cover_every_episode_once_with_similar_lengths():
     from agentr1.rollout.batch import length_bucketed_batches
 
@@ -234,6 +248,13 @@ def test_kv_reuse_drops_rows_prefills_new_prompts_whole_and_stays_bounded(world)
         nxt = [prompts[i] + first[i].token_ids + obs for i in (0, 2)] + [prompts[1]] + [prompts[4] + first[4].token_ids + obs]
         kept = reuse._kept
         assert kept.match(nxt) == [0, 2, -1, 4]
+        # Bounded: the call starts from the kept rows' real tokens only, right-aligned (the
+        # first call's left padding and post-stop junk are gone), the fresh prompt's row empty.
+        assert min(len(s) for s in kept.seqs) < kept.mask.shape[1]
+        layers, mask, cached = reuse._reuse(kept, nxt, spec)
+        assert cached == [len(kept.seqs[r]) for r in (0, 2)] + [0] + [len(kept.seqs[4])]
+        assert mask.shape == (4, max(cached)) and mask.sum(1).tolist() == cached
+        assert all(layer.keys.shape[:3] == (4, layers[0].keys.shape[1], max(cached)) for layer in layers)
         second = reuse.generate(nxt, spec, [5, 6, 7, 8])
     assert [g.token_ids for g in second] == [g.token_ids for g in full.generate(nxt, spec, [5, 6, 7, 8])]
     assert reuse._kept is None  # the session freed its cache
@@ -241,8 +262,6 @@ def test_kv_reuse_drops_rows_prefills_new_prompts_whole_and_stays_bounded(world)
         reuse.generate(nxt, spec, [5, 6, 7, 8])
         kept = reuse._kept
         assert len(kept.seqs) == 4 and kept.mask.sum(1).tolist() == [len(s) for s in kept.seqs]
-        # Bounded: the cache is this call's prompts (right-aligned) plus at most its turn.
-        assert kept.mask.shape[1] <= max(map(len, nxt)) + spec.max_new_tokens
         reuse.sync_weights(world["model"].policy)  # new weights: the kept keys are stale
         assert reuse._kept is None
 

@@ -4,7 +4,9 @@ A backend does one thing: given a batch of prompts as token ids, sample a contin
 until a stop token or a token limit, and return the sampled ids with their log-probabilities.
 Multi-turn logic (environment steps, masks, rewards) lives in :mod:`agentr1.rollout.engine`, so a
 vLLM backend only has to implement :meth:`RolloutBackend.generate` and
-:meth:`RolloutBackend.sync_weights`.
+:meth:`RolloutBackend.sync_weights`. A backend may also offer ``session()``, a context the engine
+opens around each rollout, inside which it may keep state from one turn's call to the next
+(:class:`HFBackend` keeps its KV cache; vLLM's prefix cache needs no such hint).
 
 Sampling is seeded per request: row ``i`` draws its noise from its own generator seeded with
 ``seeds[i]``, so a request's sample does not depend on which other requests share its batch
@@ -64,6 +66,40 @@ def sample_next(
     Gumbel-max over the (top-p filtered) temperature-scaled logits, with each row's noise from
     its own generator.
     """
+    gumbel = None if spec.temperature == 0 else _gumbel(generators, 1, logits.shape[-1])[:, 0]
+    return _sample(logits, spec, gumbel)
+
+
+def _gumbel(generators: list[torch.Generator], steps: int, vocab: int) -> torch.Tensor:
+    """(B, steps, V) Gumbel noise, row ``i`` from ``generators[i]``: the same numbers as
+    ``steps`` successive draws of ``vocab`` (a CPU generator fills a tensor in order)."""
+    u = torch.stack([torch.rand(steps, vocab, generator=g) for g in generators]).clamp_(min=1e-20)
+    return u.log_().neg_().log_().neg_()
+
+
+class _GumbelStream:
+    """Per-step noise for :func:`_sample`, drawn for up to ``NOISE_BLOCK`` floats of steps at a
+    time: one ``torch.rand`` per row per block instead of per step (its per-call cost was most
+    of the sampling time with the tiny model's 2k vocabulary)."""
+
+    NOISE_BLOCK = 1 << 22  # floats (16 MB): a whole turn for small vocabularies, bounded for large
+
+    def __init__(self, generators: list[torch.Generator], max_steps: int):
+        self.generators, self.left = generators, max_steps
+        self.buf, self.i = None, 0
+
+    def next(self, vocab: int) -> torch.Tensor:
+        """(B, V) noise for the next step."""
+        if self.buf is None or self.i == self.buf.shape[1]:
+            block = max(1, min(self.left, self.NOISE_BLOCK // (len(self.generators) * vocab)))
+            self.buf, self.i = _gumbel(self.generators, block, vocab), 0
+            self.left -= block
+        self.i += 1
+        return self.buf[:, self.i - 1]
+
+
+def _sample(logits: torch.Tensor, spec: SamplingSpec, gumbel: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = logits.float()
     if spec.temperature == 0:
         ids = logits.argmax(dim=-1)
@@ -72,10 +108,7 @@ def sample_next(
     scaled = logits / spec.temperature
     logp_all = torch.log_softmax(scaled, dim=-1)
     filtered = _top_p_filter(scaled, spec.top_p) if spec.top_p < 1.0 else scaled
-    noise = torch.stack(
-        [torch.rand(logits.shape[-1], generator=g).clamp_(min=1e-20) for g in generators]
-    )
-    ids = (filtered - torch.log(-torch.log(noise))).argmax(dim=-1)
+    ids = (filtered + gumbel).argmax(dim=-1)
     return ids, logp_all.gather(-1, ids[:, None]).squeeze(-1)
 
 
@@ -163,8 +196,8 @@ class HFBackend:
     prefilled only from where that sequence ends, i.e. its last sampled token, the chat
     template's frame and the observation. Rows no prompt extends (finished episodes) are
     dropped, and the kept rows are compacted to their valid tokens, so between calls the cache
-    holds ``rows x longest episode`` positions per layer (``<= max_context_tokens``), plus the
-    call's own prefill and decode while it runs. ``reuse_cache=False`` re-prefills every call
+    holds ``rows x longest episode`` positions per layer (the engine keeps episodes within
+    ``max_context_tokens``); while a call runs, its new tokens and turn are added on the right. ``reuse_cache=False`` re-prefills every call
     (the path before reuse; kept to check reuse samples the same and to benchmark it).
     """
 
@@ -230,7 +263,8 @@ class HFBackend:
         mask = torch.cat([mask, chunk_mask, mask.new_zeros(B, spec.max_new_tokens)], dim=1)
         room = filled + spec.max_new_tokens
         cache = Cache(layers=layers) if layers else Cache(layer_class_to_replicate=lambda: _BufferLayer(room))
-        generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        noise = None if spec.temperature == 0 else _GumbelStream(
+            [torch.Generator().manual_seed(int(s)) for s in seeds], spec.max_new_tokens)
         stops = set(spec.stop_token_ids)
 
         out_ids: list[list[int]] = [[] for _ in range(B)]
@@ -243,7 +277,8 @@ class HFBackend:
                 input_ids=step_ids, attention_mask=mask[:, :filled], position_ids=step_pos,
                 past_key_values=cache, use_cache=True, logits_to_keep=1,
             )
-            ids, logp = sample_next(out.logits[:, -1, :], spec, generators)
+            logits = out.logits[:, -1, :]
+            ids, logp = _sample(logits, spec, noise.next(logits.shape[-1]) if noise else None)
             ids_l, logp_l = ids.tolist(), logp.tolist()
             for i in live:
                 out_ids[i].append(ids_l[i])
