@@ -3,8 +3,11 @@
 Every backend runs the same multi-turn episodes (same model, questions, environment and seed)
 through the same :class:`RolloutEngine`; only the backend differs:
 
-- ``hf``: :class:`agentr1.rollout.backend.HFBackend` (one prefill, then a hand-written
-  KV-cached decode loop with per-request seeded sampling);
+- ``hf``: :class:`agentr1.rollout.backend.HFBackend` (a hand-written KV-cached decode loop with
+  per-request seeded sampling; the cache is kept across an episode's turns, so each turn
+  prefills only the new observation);
+- ``hf-full`` (opt-in): the same backend re-prefilling the whole context every turn
+  (``reuse_cache=False``, the path before cross-turn reuse);
 - ``vllm``: :class:`agentr1.rollout.vllm_backend.VLLMBackend` (in-process vLLM, prefix caching);
 - ``generate`` (opt-in): the plain approach, ``model.generate(...)`` on the left-padded batch
   each turn.
@@ -19,6 +22,9 @@ rates then stay comparable when other jobs take the cores. Usage::
     python benchmarks/rollout.py [--sizes tiny,large] [--backends hf,vllm] [--episodes 64]
                                  [--checkpoint DIR] [--repeats 2]
 
+``--backends hf,hf-full,generate`` prints hf against per-turn ``generate`` and against its own
+full-prefill path, per size, in the last columns of the table (the goal: hf >= 2x generate).
+
 Without ``--checkpoint`` the models are fresh, so episodes are as long as an untrained policy
 makes them (turns cut at the token limit, contexts filled).
 """
@@ -31,7 +37,7 @@ import time
 import torch
 
 from agentr1.config import load_config
-from agentr1.rollout.backend import Generation, SamplingSpec
+from agentr1.rollout.backend import Generation, HFBackend, SamplingSpec
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings
 from agentr1.rollout.vllm_backend import shutdown_engines
 from agentr1.trainer import Workspace, build_model, make_engine
@@ -95,8 +101,10 @@ def run(engine: RolloutEngine, records, seed: int) -> dict[str, float]:
 
 
 def build_engine(name: str, cfg, ws, model, tokenizer, chat) -> RolloutEngine:
-    if name == "generate":
-        return RolloutEngine(GenerateBackend(model.policy, chat.pad_token_id), chat, tokenizer, ws.env,
+    baselines = {"generate": lambda: GenerateBackend(model.policy, chat.pad_token_id),
+                 "hf-full": lambda: HFBackend(model.policy, chat.pad_token_id, reuse_cache=False)}
+    if name in baselines:
+        return RolloutEngine(baselines[name](), chat, tokenizer, ws.env,
                              RolloutSettings(cfg.env.max_turn_tokens, cfg.env.max_context_tokens))
     return make_engine(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"backend": name})}),
                        ws.env, model, tokenizer, chat, "cpu")
@@ -122,7 +130,7 @@ def main() -> None:
     ap.add_argument("--config", default="conf/train.yaml")
     ap.add_argument("--checkpoint", help="a trained policy directory for the tiny size (default: fresh)")
     ap.add_argument("--sizes", default="tiny,large")
-    ap.add_argument("--backends", default="hf,vllm", help="comma-separated: hf, vllm, generate")
+    ap.add_argument("--backends", default="hf,vllm", help="comma-separated: hf, vllm, generate, hf-full")
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("-o", "--override", action="append", default=[])
@@ -155,21 +163,22 @@ def main() -> None:
 
 
 def table(results: dict, backends: list[str]) -> str:
-    """A markdown table: one row per (size, backend), with the speed-up over hf."""
+    """A markdown table: one row per (size, backend), with hf's speed-up over it (per CPU second;
+    ">1x": hf is faster)."""
     header = ("| size (params) | backend | start-up s (CPU s) | action tok/s | tok/CPU-s | episodes/s | "
-              "episodes/CPU-s | vs hf (per CPU-s) |")
-    rows = [header, "|" + "---|" * 8]
+              "episodes/CPU-s | hf speed-up (per CPU-s) | hf speed-up (wall) |")
+    rows = [header, "|" + "---|" * 9]
     for size, res in results.items():
         if size == "setup":
             continue
-        hf = res.get("hf", {}).get("action_tokens_per_cpu_s")
+        hf = res.get("hf", {})
         for name in backends:
             r = res[name]
-            ratio = f"{r['action_tokens_per_cpu_s'] / hf:.2f}x" if hf else "-"
+            ratios = [f"{hf[k] / r[k]:.2f}x" if hf else "-" for k in ("action_tokens_per_cpu_s", "action_tokens_per_s")]
             rows.append(f"| {size} ({res['parameters'] / 1e6:.1f}M) | {name} | {r['startup_s']:.1f} "
                         f"({r['startup_cpu_s']:.1f}) | {r['action_tokens_per_s']:.0f} | "
                         f"{r['action_tokens_per_cpu_s']:.0f} | {r['episodes_per_s']:.2f} | "
-                        f"{r['episodes_per_cpu_s']:.2f} | {ratio} |")
+                        f"{r['episodes_per_cpu_s']:.2f} | {ratios[0]} | {ratios[1]} |")
     return "\n".join(rows)
 
 

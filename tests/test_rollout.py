@@ -7,7 +7,7 @@ import torch
 from agentr1.config import ModelConfig
 from agentr1.env.agents import OracleAgent
 from agentr1.rl.ppo import forward_tokens
-from agentr1.rollout.backend import Generation, HFBackend, SamplingSpec, sample_next
+from agentr1.rollout.backend import Generation, HFBackend, SamplingSpec, _GumbelStream, _sample, sample_next
 from agentr1.rollout.batch import collate
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings
 from models.policy import ModelSpec, build_policy
@@ -147,6 +147,20 @@ def test_sample_next_is_per_row_seeded_and_respects_top_p():
     assert greedy.tolist() == [1, 0] and torch.all(lp <= 0)
 
 
+def test_noise_drawn_in_blocks_equals_noise_drawn_per_step(monkeypatch):
+    """The backend draws a block of steps' noise per row at once; the draws must be the ones
+    sample_next makes step by step, or seeded samples would change."""
+    monkeypatch.setattr(_GumbelStream, "NOISE_BLOCK", 3 * 2 * 50)  # blocks of 3 steps, the last of 1
+    spec = SamplingSpec(7, (), temperature=0.7)
+    logits = torch.randn(7, 2, 50, generator=torch.Generator().manual_seed(0)) * 3
+    stream = _GumbelStream([torch.Generator().manual_seed(s) for s in (4, 5)], 7)
+    stepwise = [torch.Generator().manual_seed(s) for s in (4, 5)]
+    for t in range(7):
+        blocked = _sample(logits[t], spec, stream.next(50))
+        one = sample_next(logits[t], spec, stepwise)
+        assert torch.equal(blocked[0], one[0]) and torch.equal(blocked[1], one[1])
+
+
 def test_length_bucketed_batches_cover_every_episode_once_with_similar_lengths():
     from agentr1.rollout.batch import length_bucketed_batches
 
@@ -172,3 +186,87 @@ def test_forward_tokens_at_positions_matches_the_full_forward(world):
     assert torch.allclose(lp[on], full_lp[on], atol=1e-5) and torch.all(lp[~on] == 0)
     assert torch.allclose(ent[on], full_ent[on], atol=1e-5)
     assert torch.equal(v, full_v)
+
+
+# ----------------------------------------------------------------------------- KV reuse across turns
+
+
+class Fed(torch.nn.Module):
+    """The policy, unchanged, noting how many tokens each forward pass is fed."""
+
+    def __init__(self, policy):
+        super().__init__()
+        self.policy, self.widths = policy, []
+
+    def forward(self, input_ids, **kwargs):
+        self.widths.append(input_ids.shape[1])
+        return self.policy(input_ids=input_ids, **kwargs)
+
+
+@pytest.mark.parametrize("max_turn_tokens,max_context,temperature", [(12, 400, 1.0), (20, 160, 1.0), (12, 400, 0.0)])
+def test_kv_reuse_samples_what_full_prefill_samples(world, max_turn_tokens, max_context, temperature):
+    """The same episodes token for token (log-probs to float rounding) whether each turn
+    reuses the last turn's cache or prefills the whole context; the second setting ends
+    episodes after 2 or 3 turns (context full), so rows leave the cached batch."""
+    records, pad = world["splits"]["test"], world["chat"].pad_token_id
+    runs = {}
+    for reuse in (True, False):
+        spy = Fed(world["model"].policy)
+        engine = make_engine(world, HFBackend(spy, pad, reuse_cache=reuse), max_turn_tokens, max_context, temperature)
+        runs[reuse] = (engine.run(records, seed=11), spy.widths)
+    (cached, fed_cached), (full, fed_full) = runs[True], runs[False]
+    assert [t.token_ids for t in cached] == [t.token_ids for t in full]
+    for a, b in zip(cached, full):
+        assert a.rollout_logprobs == pytest.approx(b.rollout_logprobs, abs=1e-4)
+    # The cases worth checking occurred: turns stopped early (sampling; greedy never stops
+    # this model), episodes of different lengths.
+    stop = set(world["chat"].stop_token_ids)
+    assert temperature == 0 or any(t.token_ids[e] in stop for t in cached for e in t.turn_ends)
+    if max_context < 400:
+        assert len({len(t.turn_ends) for t in cached}) > 1
+    # With reuse, every turn after the first prefills less than the shortest episode so far.
+    prefills = [w for w in fed_cached if w > 1]
+    prefills_full = [w for w in fed_full if w > 1]
+    assert len(prefills) == len(prefills_full) > 1
+    assert all(w < min(len(t.token_ids) for t in cached) // 2 for w in prefills[1:])
+    assert all(w < v for w, v in zip(prefills[1:], prefills_full[1:]))
+
+
+def test_kv_reuse_drops_rows_prefills_new_prompts_whole_and_stays_bounded(world):
+    """Inside a session: episodes not continued leave the cache, a prompt extending nothing
+    is prefilled whole beside reused rows, and each kept row holds exactly its sequence."""
+    pad, stop = world["chat"].pad_token_id, tuple(world["chat"].stop_token_ids)
+    spec = SamplingSpec(9, stop, temperature=1.0)
+    prompts = [world["chat"].prompt_ids(None, world["env"].user_prompt(r)) for r in world["splits"]["test"][:5]]
+    reuse, full = HFBackend(world["model"].policy, pad), HFBackend(world["model"].policy, pad, reuse_cache=False)
+    with reuse.session():
+        first = reuse.generate(prompts, spec, [0, 1, 2, 3, 4])
+        assert len(reuse._kept.seqs) == 5
+        # Episodes 1 and 3 finished; 0, 2, 4 go on (their turn and an observation), and a
+        # fresh prompt joins between them.
+        obs = world["chat"].observation_ids("no results", turn_closed=False)
+        nxt = [prompts[i] + first[i].token_ids + obs for i in (0, 2)] + [prompts[1]] + [prompts[4] + first[4].token_ids + obs]
+        kept = reuse._kept
+        assert kept.match(nxt) == [0, 2, -1, 4]
+        # Bounded: the call starts from the kept rows' real tokens only, right-aligned (the
+        # first call's left padding and post-stop junk are gone), the fresh prompt's row empty.
+        assert min(len(s) for s in kept.seqs) < kept.mask.shape[1]
+        layers, mask, cached = reuse._reuse(kept, nxt, spec)
+        assert cached == [len(kept.seqs[r]) for r in (0, 2)] + [0] + [len(kept.seqs[4])]
+        assert mask.shape == (4, max(cached)) and mask.sum(1).tolist() == cached
+        assert all(layer.keys.shape[:3] == (4, layers[0].keys.shape[1], max(cached)) for layer in layers)
+        second = reuse.generate(nxt, spec, [5, 6, 7, 8])
+    assert [g.token_ids for g in second] == [g.token_ids for g in full.generate(nxt, spec, [5, 6, 7, 8])]
+    assert reuse._kept is None  # the session freed its cache
+    with reuse.session():
+        reuse.generate(nxt, spec, [5, 6, 7, 8])
+        kept = reuse._kept
+        assert len(kept.seqs) == 4 and kept.mask.sum(1).tolist() == [len(s) for s in kept.seqs]
+        reuse.sync_weights(world["model"].policy)  # new weights: the kept keys are stale
+        assert reuse._kept is None
+
+
+def test_without_a_session_the_hf_backend_keeps_nothing(world):
+    backend = HFBackend(world["model"].policy, world["chat"].pad_token_id)
+    backend.generate([[1, 2, 3]], SamplingSpec(3, ()), [0])
+    assert backend._kept is None

@@ -8,6 +8,7 @@ the turn, never re-encoded.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -86,6 +87,13 @@ class RolloutEngine:
     def run(self, records: list, seed: int, groups: list[int] | None = None,
             temperature: float | None = None) -> list[Trajectory]:
         """Play one episode per record; ``groups`` tags episodes of the same question (GRPO)."""
+        # A backend may keep state across the turns of one rollout (hf: its KV cache).
+        session = getattr(self.backend, "session", None)
+        with session() if session else contextlib.nullcontext():
+            return self._play(records, seed, groups, temperature)
+
+    def _play(self, records: list, seed: int, groups: list[int] | None,
+              temperature: float | None) -> list[Trajectory]:
         s = self.settings
         temp = s.temperature if temperature is None else temperature
         states = [self.env.reset(r) for r in records]
