@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from agentr1.trainer import Workspace, train_ppo, warmup
-from tests.test_trainer import TINY, data_dir, params, tiny_config  # noqa: F401 - data_dir is a fixture
+from test_trainer import TINY, data_dir, params, tiny_config  # noqa: F401 - data_dir is a fixture
 
 THREADS = 1
 
