@@ -175,7 +175,8 @@ def main() -> None:
     out["update_tflops"] = flops / out["update_s"] / 1e12
     out["update_mfu"] = out["update_tflops"] / out["peak_bf16_tflops"]
     out["update_steps"] = upd["actor/n_updates"]
-    print(f"PPO update: {hp.epochs} epochs x {episodes // hp.minibatch_size} minibatches of {hp.minibatch_size}, "
+    print(f"PPO update: {hp.epochs} epochs x {math.ceil(episodes / hp.minibatch_size)} minibatches of "
+          f"<= {hp.minibatch_size}, "
           f"{tokens:,} tokens in {out['update_s']:.2f}s = {out['update_tflops']:.1f} TFLOP/s, "
           f"MFU {100 * out['update_mfu']:.1f}% of the bf16 peak", flush=True)
 
