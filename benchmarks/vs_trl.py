@@ -32,8 +32,9 @@ Printed: seconds per iteration (mean over the timed iterations; the first is rep
 there are more than one, as it warms caches) of wall clock and of this process's CPU time (all
 its threads: on a shared machine the wall clock also counts waiting for a core), sampled
 tokens/s and all model tokens/s (prompt, sampled and tool tokens of the batch per second of
-iteration), and the ratios project / TRL.
-Usage::
+iteration), and the ratios project / TRL. On a shared machine run it with ``OMP_NUM_THREADS=1``:
+with several jobs on the cores, multi-threaded kernels spin and wait, and the two sides' times
+then depend on what else ran meanwhile more than on the frameworks. Usage::
 
     python benchmarks/vs_trl.py [--iterations 2] [--quick] [--checkpoint RUN/warmup] [-o key=value]
 
