@@ -43,15 +43,20 @@ from models.tokenizer import build_tokenizer
 PROMPT, TURN, OBSERVATION, TURNS = 20, 7, 35, 3
 
 
-def matmul_peak(dtype: torch.dtype, n: int, reps: int = 20) -> float:
-    """GFLOP/s of an n x n x n matmul in ``dtype`` (best of three timings)."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+def matmul_peak(dtype: torch.dtype, n: int, reps: int = 20, device: torch.device | str = "cpu") -> float:
+    """GFLOP/s of an n x n x n matmul in ``dtype`` on ``device`` (best of three timings)."""
+    device = torch.device(device)
+    # CUDA kernels run asynchronously: wait for them, or the timing covers only the launches.
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
     torch.mm(a, b)
     best = float("inf")
     for _ in range(3):
+        sync()
         t0 = time.perf_counter()
         for _ in range(reps):
             torch.mm(a, b)
+        sync()
         best = min(best, time.perf_counter() - t0)
     return 2 * n ** 3 * reps / best / 1e9
 
