@@ -170,7 +170,7 @@ def test_clean_dataset_passes_every_entry_point(clean, tmp_path, capsys):
     cfg = load_config(CONFIG, [f"data.dir={clean}", f"output_dir={tmp_path / 'run'}"])
     assert sorted(Workspace.build(cfg).splits) == ["dev", "test", "train"]  # the training loader
     reports = dataset_reports(cfg, DataSource(version=False))
-    assert [r.suite for r in reports] == ["corpus", "qa_split", "qa_split", "qa_split", "qa_dataset"]
+    assert [r.suite for r in reports] == ["corpus", "qa_split", "qa_split", "qa_split", "qa_dataset", "env_qa"]
     assert all(r.success for r in reports), V.summary_markdown(reports)
     assert sorted(p.name for p in clean.iterdir()) == ["corpus.jsonl", "qa"]  # nothing was generated
 
