@@ -1,0 +1,112 @@
+"""The SQL world (agentr1/data/sql_synth.py) and the ``sql`` environment (agentr1/env/sql_env.py):
+deterministic data whose gold queries chain, an oracle at EM 1.0, an expert that is wrong in
+systematic ways, process rewards on gold-chain values."""
+from __future__ import annotations
+
+import sqlite3
+from collections import Counter
+
+import pytest
+
+from agentr1.config import Config
+from agentr1.data.records import DataError, QARecord, load_dataset, write_dataset
+from agentr1.data.sql_synth import SQL_RELATIONS, generate
+from agentr1.env.agents import ExpertNoise, run_episodes
+from agentr1.env.protocol import format_answer, format_call
+from agentr1.env.registry import build_env
+from agentr1.env.sql import DB_FILE
+from agentr1.env.sql_env import SQLEnv, SQLExpertAgent, oracle
+
+
+@pytest.fixture(scope="module")
+def sql_world(tmp_path_factory):
+    data = tmp_path_factory.mktemp("sqlenv") / "data"
+    splits, corpus, files = generate(11, n_train=300, n_dev=20, n_test=100)
+    write_dataset(data, splits, corpus, files=files)
+    env = build_env(Config.model_validate({"env": {"kind": "sql"}, "data": {"dir": str(data)}}), data)
+    return data, splits, env
+
+
+def test_generation_is_byte_identical_per_seed_and_differs_across_seeds():
+    a, b, c = (generate(seed, n_train=30, n_dev=3, n_test=5) for seed in (1, 1, 2))
+    assert a[2][DB_FILE] == b[2][DB_FILE] and a[0] == b[0]
+    assert a[2][DB_FILE] != c[2][DB_FILE] and a[0]["train"][0].question != c[0]["train"][0].question
+
+
+def test_gold_queries_chain_and_foreign_keys_hold(sql_world):
+    data, splits, _ = sql_world
+    conn = sqlite3.connect(data / DB_FILE)
+    assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+    subjects: Counter = Counter()
+    for record in splits["train"] + splits["test"]:
+        chain = record.meta["chain"]
+        assert record.hops == len(chain) == len(record.meta["calls"]) and record.answers == (chain[-1]["answer"],)
+        for k, (hop, call) in enumerate(zip(chain, record.meta["calls"])):
+            assert conn.execute(call["arguments"]["query"]).fetchall() == [(hop["answer"],)]
+            if k:  # each hop looks up the value the previous one returned
+                assert hop["subject"] == chain[k - 1]["answer"]
+            # the distractor column holds another name: a careless query reads a wrong value
+            assert hop["distractor_answer"] != hop["answer"]
+        subjects[chain[0]["subject"]] += 1
+    assert max(subjects.values()) == 1  # fresh names: no question's entity is another's
+    assert {r.meta["chain"][0]["relation"] for r in splits["train"]} == set(SQL_RELATIONS)
+    assert Counter(r.hops for r in splits["train"]) == {1: 75, 2: 105, 3: 120}
+
+
+def test_look_alike_rows_exist(sql_world):
+    data, splits, _ = sql_world
+    conn = sqlite3.connect(data / DB_FILE)
+    names = [n for (n,) in conn.execute("SELECT name FROM people UNION ALL SELECT title FROM films "
+                                        "UNION ALL SELECT name FROM companies UNION ALL SELECT name FROM cities")]
+    chain_subjects = {h["subject"] for r in splits["train"] for h in r.meta["chain"]}
+    near = sum(any(len(n) == len(s) and sum(a != b for a, b in zip(n, s)) <= 3 and n != s for n in names)
+               for s in list(chain_subjects)[:50])
+    assert near >= 10
+
+
+def test_the_dataset_loads_with_its_database_listed_in_the_marker(sql_world):
+    data, splits, _ = sql_world
+    loaded, corpus = load_dataset(data)
+    assert loaded["train"] == splits["train"] and [d.title for d in corpus] == ["people", "cities", "companies", "films"]
+    assert DB_FILE in (data / ".agentr1-dataset").read_text()
+
+
+def test_the_oracle_answers_every_question(sql_world):
+    _, splits, env = sql_world
+    transcripts = run_episodes(env, oracle(), splits["test"] + splits["dev"])
+    assert sum(t.metrics["em"] for t in transcripts) == len(transcripts)
+    assert all(t.metrics["support_recall"] == 1.0 and t.metrics["n_bad_calls"] == 0 for t in transcripts)
+
+
+def test_the_expert_is_wrong_systematically_on_three_hop_questions(sql_world):
+    _, splits, env = sql_world
+    records = splits["train"]
+    transcripts = run_episodes(env, SQLExpertAgent(ExpertNoise(seed=0)), records)
+    em = {h: sum(t.metrics["em"] for t, r in zip(transcripts, records) if r.hops == h) /
+          sum(r.hops == h for r in records) for h in (1, 2, 3)}
+    assert em[1] > 0.75 and em[3] < 0.4  # usually one hop short on 3-hop questions
+    assert any(t.metrics["n_bad_calls"] for t in transcripts)  # some malformed calls, then retries
+
+
+def test_process_reward_for_a_gold_value_is_paid_once(sql_world):
+    _, splits, env = sql_world
+    record = next(r for r in splits["test"] if r.hops == 2)
+    state = env.reset(record)
+    gold = format_call("sql", {"query": record.meta["calls"][0]["arguments"]["query"]})
+    first, again = env.step(state, gold), env.step(state, gold)
+    assert first.info["new_support"] == 1.0 and first.process_reward == pytest.approx(0.2)
+    assert again.info["new_support"] == 0.0 and again.info["valid_call"] == 1.0
+    other = env.step(state, format_call("sql", {"query": "SELECT count(*) FROM films"}))
+    assert other.info["new_support"] == 0.0 and other.info["valid_call"] == 1.0
+    end = env.step(state, format_answer(record.answers[0]))
+    assert end.done and end.info["em"] == 1.0 and env.episode_metrics(state)["support_recall"] == 0.5
+
+
+def test_a_record_whose_chain_names_no_table_is_refused_before_training(sql_world, tmp_path):
+    _, splits, env = sql_world
+    good = splits["train"][0]
+    bad_chain = [{**good.meta["chain"][0], "table": "planets"}]
+    bad = QARecord("x", good.question, good.answers, (), 1, "sql", {**good.meta, "chain": bad_chain})
+    with pytest.raises(DataError, match=r"train.jsonl:2: field 'chain': record 'x': .*no table 'planets'"):
+        env.check_demonstrable([good, bad], tmp_path / "train.jsonl")
+    assert isinstance(env, SQLEnv)
