@@ -110,3 +110,22 @@ def test_a_record_whose_chain_names_no_table_is_refused_before_training(sql_worl
     with pytest.raises(DataError, match=r"train.jsonl:2: field 'chain': record 'x': .*no table 'planets'"):
         env.check_demonstrable([good, bad], tmp_path / "train.jsonl")
     assert isinstance(env, SQLEnv)
+
+
+def test_cli_synth_kind_sql_writes_the_same_bytes_in_a_fresh_process(tmp_path, capsys):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from agentr1.cli import main
+
+    argv = ["data", "synth", "--kind", "sql", "--seed", "3", "--n-train", "20", "--n-dev", "3", "--n-test", "4"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["splits"]["train"]["n"] == 20 and stats["db_rows"]["films"] > 0 and stats["n_docs"] == 4
+    done = subprocess.run([sys.executable, "-m", "agentr1.cli", *argv, "--out", str(tmp_path / "b")],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONHASHSEED": "99"})
+    assert done.returncode == 0, done.stderr
+    for name in (DB_FILE, "corpus.jsonl", "qa/train.jsonl", "qa/test.jsonl", ".agentr1-dataset"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
