@@ -129,3 +129,33 @@ def test_cli_synth_kind_sql_writes_the_same_bytes_in_a_fresh_process(tmp_path, c
     assert done.returncode == 0, done.stderr
     for name in (DB_FILE, "corpus.jsonl", "qa/train.jsonl", "qa/test.jsonl", ".agentr1-dataset"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+@pytest.mark.slow
+def test_the_logged_sql_agent_carries_its_database(tmp_path):
+    """The MLflow model of an SQL agent holds world.sqlite beside its corpus; loaded, its sql tool
+    answers from that copy (a missing database would fail the load)."""
+    import mlflow
+
+    from agentr1.config import ModelConfig, load_config
+    from agentr1.trainer import ensure_data
+    from models.policy import ModelSpec, build_policy, save_actor_critic
+    from models.tokenizer import build_tokenizer
+    from tasks import tracking
+
+    cfg = load_config("conf/sql.yaml", [f"data.dir={tmp_path / 'data'}", "data.synth.n_train=20", "data.synth.n_dev=2",
+                                        "data.synth.n_test=4", "rollout.backend=hf", "device=cpu"])
+    ensure_data(cfg)
+    splits, _ = load_dataset(cfg.data.dir)
+    tok = build_tokenizer([r.question for r in splits["train"]], vocab_size=300)
+    spec = ModelSpec.from_config(ModelConfig(), hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2,
+                                 intermediate_size=32)
+    policy_dir = save_actor_critic(build_policy(spec, tok), tok, tmp_path / "policy")
+    with tracking.start_run("agentr1-test", "sql-agent") as run_id:
+        uri = tracking.log_policy_model(run_id, policy_dir, cfg)
+    local = __import__("pathlib").Path(mlflow.artifacts.download_artifacts(uri))
+    assert (local / "artifacts" / DB_FILE).read_bytes() == (tmp_path / "data" / DB_FILE).read_bytes()
+    agent = mlflow.pyfunc.load_model(uri).unwrap_python_model().agent
+    hop = splits["test"][0].meta["chain"][0]
+    output = agent.env.tool("sql").fn(hop["query"])
+    assert output.keys == (hop["answer"],)
