@@ -159,3 +159,23 @@ def test_the_logged_sql_agent_carries_its_database(tmp_path):
     hop = splits["test"][0].meta["chain"][0]
     output = agent.env.tool("sql").fn(hop["query"])
     assert output.keys == (hop["answer"],)
+
+
+def test_the_sql_suite_checks_gold_values_and_chains(sql_world, tmp_path):
+    import json
+    import shutil
+
+    from tasks import validation
+
+    data, _, _ = sql_world
+    copy = tmp_path / "data"
+    shutil.copytree(data, copy)
+    assert all(r.success for r in validation.validate_dataset(copy, "sql"))
+    path = copy / "qa" / "test.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[1].pop("gold_values")
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    failed = [r for r in validation.validate_dataset(copy, "sql") if not r.success]
+    assert [r.suite for r in failed] == ["env_sql"]
+    (failure,) = failed[0].failures
+    assert failure["field"] == "gold_values" and failure["rows"][0]["line"] == 2
