@@ -189,7 +189,7 @@ def test_real_qa_data_is_demonstrated_by_searching_the_supporting_titles(tmp_pat
 
 
 def test_unknown_env_kind_and_tool_name_the_key_and_the_known_names():
-    with pytest.raises(ConfigError, match=r"env.kind: unknown environment 'sqlx'; registered: qa, sql, tools"):
+    with pytest.raises(ConfigError, match=r"env.kind: unknown environment 'sqlx'; registered: mixed, qa, sql, tools"):
         load_config(None, ["env.kind=sqlx"])
     with pytest.raises(ConfigError, match=r"env.tools: unknown tool 'calc'; registered: .*search"):
         load_config(None, ["env.tools=[calc]"])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Collection, Protocol, Sequence
 
 from agentr1.data.records import QARecord
 from agentr1.data.synth import extract_relation
@@ -67,21 +67,22 @@ class _Progress:
     """Malformed turns since the last well-formed search."""
 
 
-def _is_search(turn: ParsedTurn, tool: str = SEARCH_TOOL_NAME) -> bool:
-    """A well-formed call of a one-query tool (what the search and sql tools' schemas accept;
-    the scripted agents read their own turns, so the structural parse plus this check is enough)."""
+def _is_search(turn: ParsedTurn, tools: Collection[str] = (SEARCH_TOOL_NAME,)) -> bool:
+    """A well-formed call of one of ``tools``, one-query tools (what the search and sql tools'
+    schemas accept; the scripted agents read their own turns, so the structural parse plus this
+    check is enough)."""
     args = turn.arguments or {}
-    return (turn.kind == "tool_call" and turn.name == tool and set(args) == {"query"}
+    return (turn.kind == "tool_call" and turn.name in tools and set(args) == {"query"}
             and isinstance(args["query"], str) and bool(args["query"].strip()))
 
 
-def _progress(messages: Sequence[dict], tool: str = SEARCH_TOOL_NAME) -> _Progress:
+def _progress(messages: Sequence[dict], tools: Collection[str] = (SEARCH_TOOL_NAME,)) -> _Progress:
     hop, retries, query, observation = 0, 0, None, None
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
         turn = parse_turn(message["content"])
-        if _is_search(turn, tool):
+        if _is_search(turn, tools):
             hop, retries, query = hop + 1, 0, turn.query
             follows = messages[i + 1] if i + 1 < len(messages) else None
             observation = follows["content"] if follows and follows["role"] == "tool" else None

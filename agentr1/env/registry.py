@@ -2,7 +2,7 @@
 
 Built in: the environment kinds ``qa`` (multi-hop QA over the ``search`` tool, synthetic data
 generator included), ``sql`` (the same questions over an SQLite database with the ``sql`` tool,
-generator included) and ``tools`` (any registered tools, demonstrations from each record's gold
+generator included), ``mixed`` (both tools in one episode) and ``tools`` (any registered tools, demonstrations from each record's gold
 calls), and the tools ``search`` and ``sql``. A user's module registers more without touching ``agentr1/``::
 
     from agentr1.env.registry import register_tool
@@ -115,6 +115,11 @@ _ENVS: dict[str, EnvKind] = {
                     RecordRule("gold_values", "a record lists each hop's value (gold_values, strings), what the "
                                "process reward looks for in query results", "gold_values", _gold_values_problems,
                                ("train", "dev", "test")))),
+    "mixed": EnvKind("mixed", "agentr1.env.mixed_env:build", ("sql",), "agentr1.data.mixed_synth:generate_from_config",
+                     "questions whose hops need the search tool (films, companies) or the sql tool (people, "
+                     "cities) in one episode",
+                     (RecordRule("demonstrable", "a train record has a hop chain naming each hop's tool (meta.chain) "
+                                 "or gold calls (meta.calls)", "calls", _chain_or_calls),)),
     "tools": EnvKind("tools", "agentr1.env.base:build_tool_env", (),
                      description="answer with any registered tools; demonstrations from each record's meta.calls",
                      record_rules=(GOLD_CALLS_RULE,)),

@@ -30,9 +30,10 @@ from agentr1.env.agents import (
     PerRecordAgent,
     _malformed_call,
     _progress,
+    read_relation,
 )
 from agentr1.env.base import EnvSettings, ToolEnv
-from agentr1.env.protocol import format_answer, format_call, parse_turn
+from agentr1.env.protocol import SEARCH_TOOL_NAME, format_answer, format_call, parse_turn
 from agentr1.env.rewards import RewardWeights
 from agentr1.env.sql import CELL_SEP, SQL_TOOL_NAME
 from agentr1.env.tools import Tool
@@ -58,14 +59,34 @@ def first_value(observation: str | None) -> str | None:
     return lines[1].split(CELL_SEP)[0]
 
 
+def lookup_phrases() -> list[str]:
+    """The start of every column's look-up (``SELECT director FROM films WHERE title = '``): one
+    token each for a scratch tokenizer, beside the tools' call text."""
+    return [lookup_query(t.name, t.key, c, "")[:-1] for t in TABLES.values() for c in t.columns]
+
+
 def hop_call(hop: dict, subject: str, distracted: bool) -> str:
+    """The call of one hop for ``subject``: its look-up (the distractor column when
+    ``distracted``), or for a search hop (the mixed world) a search of ``subject``."""
+    if hop.get("tool") == SEARCH_TOOL_NAME:
+        return format_call(SEARCH_TOOL_NAME, {"query": subject})
     column = hop["distractor_column"] if distracted else hop["column"]
     return format_call(SQL_TOOL_NAME, {"query": lookup_query(hop["table"], hop["key"], column, subject)})
 
 
+def read_hop(hop: dict, observation: str | None, query: str | None, distracted: bool) -> str | None:
+    """The value a hop's result gives: the first cell of the rows (a distracted query already
+    chose its column), or for a search hop the document's relation (the distractor's when
+    ``distracted``)."""
+    if hop.get("tool") == SEARCH_TOOL_NAME:
+        return read_relation(observation, query, hop["distractor_relation"] if distracted else hop["relation"])
+    return first_value(observation)
+
+
 @dataclass
 class SQLExpertAgent:
-    """Looks up each hop with the value read from the last result, with ``noise``'s mistakes
+    """Plays each hop of ``meta["chain"]`` with its tool (``sql``, or ``search`` for a mixed
+    world's document hops), each value read from the last result, with ``noise``'s mistakes
     (module docstring); ``ExpertNoise(0, 0, 0)`` is the oracle."""
 
     noise: ExpertNoise = field(default_factory=ExpertNoise)
@@ -73,12 +94,12 @@ class SQLExpertAgent:
     def act(self, record: QARecord, messages: list[dict]) -> str:
         chain = record.meta["chain"]
         plan = NoisyExpertAgent(self.noise).plan(record)  # the same draws as the QA expert's
-        progress = _progress(messages, SQL_TOOL_NAME)
+        progress = _progress(messages, (SQL_TOOL_NAME, SEARCH_TOOL_NAME))
         hop = progress.hop
         if hop == 0:
             turn = hop_call(chain[0], chain[0]["subject"], plan.distractor[0])
         else:
-            value = first_value(progress.last_observation)
+            value = read_hop(chain[hop - 1], progress.last_observation, progress.last_query, plan.distractor[hop - 1])
             if value is None:
                 return format_answer(UNKNOWN_ANSWER)
             if hop >= len(chain) or (plan.stop_short and hop == len(chain) - 1):
@@ -86,7 +107,8 @@ class SQLExpertAgent:
             turn = hop_call(chain[hop], value, plan.distractor[hop])
         variant = plan.malformed[hop]
         if variant is not None and progress.retries == 0:
-            return _malformed_call(variant, parse_turn(turn).arguments["query"], SQL_TOOL_NAME)
+            parsed = parse_turn(turn)
+            return _malformed_call(variant, parsed.arguments["query"], parsed.name)
         return turn
 
 
@@ -132,10 +154,7 @@ class SQLEnv(ToolEnv):
                                 f"its gold calls will not do: {problem}")
 
     def tokenizer_phrases(self) -> list[str]:
-        """The tools' call text, and the start of every column's look-up
-        (``SELECT director FROM films WHERE title = '``): one token each for a scratch tokenizer."""
-        lookups = [lookup_query(t.name, t.key, c, "")[:-1] for t in TABLES.values() for c in t.columns]
-        return super().tokenizer_phrases() + lookups
+        return super().tokenizer_phrases() + lookup_phrases()
 
 
 def build(cfg, data_dir: Path, tools: Sequence[Tool]) -> SQLEnv:
