@@ -179,3 +179,31 @@ def test_the_sql_suite_checks_gold_values_and_chains(sql_world, tmp_path):
     assert [r.suite for r in failed] == ["env_sql"]
     (failure,) = failed[0].failures
     assert failure["field"] == "gold_values" and failure["rows"][0]["line"] == 2
+
+
+@pytest.mark.slow
+def test_the_sql_preset_trains_end_to_end(tmp_path):
+    """`agentr1 train --config conf/sql.yaml` with a tiny budget: data (database included) made,
+    warm-up on the SQL expert, PPO, evaluation; the episodes query the database."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    overrides = [f"data.dir={tmp_path / 'data'}", f"output_dir={tmp_path / 'run'}", "data.synth.n_train=64",
+                 "data.synth.n_dev=8", "data.synth.n_test=16", "sft.episodes=64", "sft.steps=4",
+                 "sft.value_fit_episodes=16", "ppo.iterations=1", "ppo.episodes_per_iter=8", "ppo.minibatch_size=8",
+                 "eval.batch_size=16", "model.vocab_size=600", "model.hidden_size=32", "model.num_layers=1",
+                 "model.num_heads=2", "model.num_kv_heads=2", "model.intermediate_size=64"]
+    cmd = [sys.executable, "-m", "agentr1.cli", "train", "--config", "conf/sql.yaml"]
+    for o in overrides:
+        cmd += ["-o", o]
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert {"greedy/em", "sampled/em"} <= set(summary["final"])
+    assert (tmp_path / "data" / DB_FILE).is_file()
+    assert "SELECT" in (tmp_path / "run" / "trajectories_warmup.txt").read_text()
