@@ -125,22 +125,24 @@ def challenge_champion(cfg: Config, version: str, scores: dict[str, float], form
     (``promote_if_better``) that decides again if another run moved the alias meanwhile, and
     the decision it returns (what the summary and the run's tags show) is what the registry
     holds after the move."""
-    current = tracking.champion(tracking.MODEL_NAME)
+    name = tracking.model_name(cfg.env.kind)  # the champion of this environment kind only
+    current = tracking.champion(name)
     champion_version, champion_scores = None, None
     if current is not None:
-        label, path = fetch_model(current[0], str(Path(cfg.output_dir) / DOWNLOADS_DIR))
+        label, path = fetch_model(f"models:/{name}/{current[0]}", str(Path(cfg.output_dir) / DOWNLOADS_DIR))
         champion_version = current[0]
         champion_scores = evaluate_policy(cfg, path, f"champion-{label}", run_id=run_id)
-    return promote_if_better(version, scores, champion_version, champion_scores, form.metric, form.margin, run_id)
+    return promote_if_better(version, scores, champion_version, champion_scores, form.metric, form.margin, run_id,
+                             name)
 
 
-def summary_sections(c: Candidate, version: str, decision: Promotion) -> list[str]:
+def summary_sections(c: Candidate, version: str, decision: Promotion, name: str = tracking.MODEL_NAME) -> list[str]:
     last = c.iterations[-1].rollout_version if c.iterations else "none"
     return [
         "## Test metrics before and after RL", "",
         metrics_table({"warm-up": c.warmup, "final": c.final}), "",
         "## Registry", "",
-        f"- `{tracking.MODEL_NAME}` version **{version}**; champion now **v{decision.champion_after}** "
+        f"- `{name}` version **{version}**; champion now **v{decision.champion_after}** "
         f"({'promoted' if decision.promoted else 'kept'}: {decision.reason})", "",
         "## Lineage", "",
         f"- data: `{c.data.path}` DVC `{c.data.md5}`{' (new version recorded)' if c.data.recorded else ''}",
@@ -160,8 +162,8 @@ def run_training_flow(kind: str, form: PipelineParams) -> dict:
         version = register_policy(cfg, cand.final_dir, run_id)
         decision = challenge_champion(cfg, version, cand.final, form, run_id)
         tracking.log_metrics(run_id, cand.gain, step=0, prefix="gain/")
-        publish_summary(f"{kind}-summary", f"{kind}: {run_name(kind)}", summary_sections(cand, version, decision),
-                        run_id)
+        sections = summary_sections(cand, version, decision, tracking.model_name(cfg.env.kind))
+        publish_summary(f"{kind}-summary", f"{kind}: {run_name(kind)}", sections, run_id)
     summary = {"run_id": run_id, "output_dir": cand.output_dir, "data": asdict(cand.data), "split": cfg.eval.split,
                "warmup": cand.warmup, "final": cand.final, "gain": cand.gain, "iterations": len(cand.iterations),
                "registered_version": version, "promotion": asdict(decision)}

@@ -159,7 +159,7 @@ def register_policy(cfg: Config, policy_dir: str, run_id: str) -> str:
     from a run marked diverged."""
     check_registrable(policy_dir, run_id)
     uri = tracking.log_policy_model(run_id, policy_dir, cfg=cfg)
-    version = tracking.register(uri, tracking.MODEL_NAME)
+    version = tracking.register(uri, tracking.model_name(cfg.env.kind))
     tracking.set_tags(run_id, {"registered_version": version})
     return version
 
@@ -237,22 +237,23 @@ def decide(version: str, challenger: dict[str, float], evaluated: str | None, ev
 @task(name="promote-if-better", cache_policy=NO_CACHE)
 def promote_if_better(version: str, challenger: dict[str, float], champion_version: str | None,
                       champion: dict[str, float] | None, metric: str, margin: float,
-                      run_id: str | None = None) -> Promotion:
+                      run_id: str | None = None, name: str = tracking.MODEL_NAME) -> Promotion:
     """Compare with the champion and move the ``champion`` alias when the challenger wins, as
     one compare-and-set under the store lock; tag the run with what the registry holds after.
 
     ``champion_version``/``champion``: the champion that was evaluated (None: there was none)
-    and its scores. Without a lock (a tracking server) the alias is read back after the move;
+    and its scores; ``name``: the registered model (``tracking.model_name`` of the run's
+    environment kind). Without a lock (a tracking server) the alias is read back after the move;
     if another run moved it in between, the result says so and reports the registry's value.
     """
     if metric not in challenger:
         raise KeyError(f"promotion metric {metric!r} not in the evaluation; e.g. {sorted(challenger)[:6]}")
     with tracking.store_lock():
-        current = tracking.champion_entry(tracking.MODEL_NAME)
+        current = tracking.champion_entry(name)
         decision = decide(version, challenger, champion_version, champion, current, metric, margin, run_id)
         if decision.promoted:
-            tracking.set_champion(tracking.MODEL_NAME, version)
-        held = tracking.champion_entry(tracking.MODEL_NAME)
+            tracking.set_champion(name, version)
+        held = tracking.champion_entry(name)
     held_version = None if held is None else str(held.version)
     if held_version != decision.champion_after:
         decision = replace(decision, champion_after=held_version,

@@ -69,6 +69,13 @@ EXPERIMENTS = {
     "evaluate": "agentr1-evaluate",
 }
 MODEL_NAME = "agentr1-policy"
+
+
+def model_name(env_kind: str) -> str:
+    """The registered model of an environment kind: ``agentr1-policy`` for the search agent
+    (``qa``), ``agentr1-policy-<kind>`` for the others, so each kind has its own versions and
+    champion, and a challenger is never compared with another kind's agent."""
+    return MODEL_NAME if env_kind == "qa" else f"{MODEL_NAME}-{env_kind}"
 CHAMPION = "champion"
 DEFAULT_DB = "mlflow.db"
 ARTIFACTS_DIR = "mlartifacts"

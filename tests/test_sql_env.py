@@ -132,9 +132,10 @@ def test_cli_synth_kind_sql_writes_the_same_bytes_in_a_fresh_process(tmp_path, c
 
 
 @pytest.mark.slow
-def test_the_logged_sql_agent_carries_its_database(tmp_path):
+def test_the_logged_sql_agent_carries_its_database_and_has_its_own_registered_model(tmp_path):
     """The MLflow model of an SQL agent holds world.sqlite beside its corpus; loaded, its sql tool
-    answers from that copy (a missing database would fail the load)."""
+    answers from that copy (a missing database would fail the load). It is registered as
+    agentr1-policy-sql, whose champion is its own: the search agent's is not touched."""
     import mlflow
 
     from agentr1.config import ModelConfig, load_config
@@ -159,6 +160,18 @@ def test_the_logged_sql_agent_carries_its_database(tmp_path):
     hop = splits["test"][0].meta["chain"][0]
     output = agent.env.tool("sql").fn(hop["query"])
     assert output.keys == (hop["answer"],)
+
+    from tasks.registry import promote_if_better, register_policy
+
+    name = tracking.model_name("sql")
+    assert name == "agentr1-policy-sql" and tracking.model_name("qa") == tracking.MODEL_NAME
+    qa_champion = tracking.champion_entry(tracking.MODEL_NAME)
+    with tracking.start_run("agentr1-test", "sql-register") as run_id:
+        version = register_policy.fn(cfg, str(policy_dir), run_id)
+        decision = promote_if_better.fn(version, {"greedy/em": 0.5}, None, None, "greedy/em", 0.0, run_id, name)
+    assert decision.promoted and str(tracking.champion_entry(name).version) == version
+    after = tracking.champion_entry(tracking.MODEL_NAME)
+    assert (None if qa_champion is None else qa_champion.version) == (None if after is None else after.version)
 
 
 def test_the_sql_suite_checks_gold_values_and_chains(sql_world, tmp_path):
