@@ -69,6 +69,19 @@ data/corpus.jsonl: | $(VENV)/.installed
 	$(VENV)/bin/agentr1 data synth --out data $(DATA_SYNTH) > /dev/null
 	$(DATA_CHECK)
 
+# data-sql/ as data-sql.dvc pins it (conf/sql.yaml's world, its SQLite database included), the
+# same way. Byte-identical per seed for one SQLite version (the database file records it).
+DATA_SQL_SYNTH := --kind sql --seed 0 --n-train 20000 --n-dev 200 --n-test 300 --names small
+.PHONY: data-sql
+DATA_SQL_CHECK = $(DVC) commit --quiet data-sql.dvc < /dev/null || { echo "data-sql/ does not match " \
+	"data-sql.dvc: remove data-sql/ and run 'make data-sql' again" >&2; exit 1; }
+
+data-sql: data-sql/world.sqlite
+	$(DATA_SQL_CHECK)
+
+data-sql/world.sqlite: | $(VENV)/.installed
+	$(VENV)/bin/agentr1 data synth --out data-sql $(DATA_SQL_SYNTH) > /dev/null
+
 # The DVC pipeline (dvc.yaml); its stages call `agentr1`, so the venv goes first on PATH.
 dvc-repro: data
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(DVC) repro

@@ -1,6 +1,6 @@
 """The ``agentr1`` command.
 
-    agentr1 data synth --out DIR [--seed 0 --n-train 20000 --n-dev 200 --n-test 300 --hop-weights 0.25,0.35,0.40 --names small|rich]
+    agentr1 data synth --out DIR [--kind qa|sql] [--seed 0 --n-train 20000 --n-dev 200 --n-test 300 --hop-weights 0.25,0.35,0.40 --names small|rich]
     agentr1 data convert --format hotpotqa|musique --input FILE --out DIR [--split dev | --test-fraction 0.2 --dev-fraction 0.1]
     agentr1 data validate --data DIR
     agentr1 data retrieval-eval --data DIR --split test [--k 5]
@@ -84,12 +84,21 @@ def _positive_int(text: str) -> int:
 
 def cmd_data_synth(args: argparse.Namespace) -> int:
     from agentr1.data.records import write_dataset
-    from agentr1.data.synth import dataset_stats, generate
 
     start = time.perf_counter()
-    splits, corpus = generate(args.seed, args.n_train, args.n_dev, args.n_test, args.hop_weights, names=args.names)
-    write_dataset(args.out, splits, corpus)
-    stats = dataset_stats(splits, corpus)
+    if args.kind == "sql":  # the same questions over an SQLite database (written beside the corpus)
+        from agentr1.data.sql_synth import generate, sql_stats
+
+        splits, corpus, files = generate(args.seed, args.n_train, args.n_dev, args.n_test, args.hop_weights,
+                                         names=args.names)
+        write_dataset(args.out, splits, corpus, files=files)
+        stats = sql_stats(splits, corpus, files)
+    else:
+        from agentr1.data.synth import dataset_stats, generate
+
+        splits, corpus = generate(args.seed, args.n_train, args.n_dev, args.n_test, args.hop_weights, names=args.names)
+        write_dataset(args.out, splits, corpus)
+        stats = dataset_stats(splits, corpus)
     _print_json({"out": str(args.out), "seed": args.seed, **stats, "seconds": round(time.perf_counter() - start, 2)})
     return EXIT_OK
 
@@ -136,6 +145,8 @@ def _add_data(subparsers: argparse._SubParsersAction) -> None:
     synth = sub.add_parser("synth", help="generate the synthetic multi-hop dataset; prints its statistics")
     synth.add_argument("--out", required=True, help="dataset directory to write: one that does not exist, or one "
                        "this command made (replaced); never anything else")
+    synth.add_argument("--kind", choices=("qa", "sql"), default="qa",
+                       help="qa: documents for the search tool; sql: an SQLite database (world.sqlite) for the sql tool")
     # Defaults are the config's (the world data.dvc pins), so `data synth --out data` makes it.
     defaults = SynthConfig()
     synth.add_argument("--seed", type=int, default=defaults.seed)

@@ -83,7 +83,8 @@ def ensure_data(cfg: Config) -> Path:
         if generated is None:
             raise DataError(data_dir, None, None, f"no dataset here, and the {cfg.env.kind!r} environment has no "
                             "generator: give data.dir a dataset (qa/{train,dev,test}.jsonl, corpus.jsonl)")
-        write_dataset(data_dir, *generated)
+        splits, corpus, *files = generated  # a generator may add files: (splits, corpus, {name: bytes})
+        write_dataset(data_dir, splits, corpus, files=files[0] if files else None)
     return data_dir
 
 

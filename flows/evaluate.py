@@ -29,7 +29,7 @@ def evaluate(params: EvaluateParams = EvaluateParams()) -> dict:
         tracking.log_config(run_id, cfg)
         data = prepare_data(cfg, DataSource(version=False), run_id)
         validate_data(data)
-        ref = qualified_ref(params.model, tracking.model_name(cfg))  # "champion": of this config's environment
+        ref = qualified_ref(params.model, tracking.model_name(cfg.env.kind))  # "champion": of this config's environment
         label, policy_dir = fetch_model(ref, str(Path(cfg.output_dir) / DOWNLOADS_DIR))
         tracking.set_tags(run_id, {"model": params.model, "model_label": label, "split": params.split})
         metrics = evaluate_policy(cfg, policy_dir, label, split=params.split, run_id=run_id)

@@ -125,7 +125,7 @@ def challenge_champion(cfg: Config, version: str, scores: dict[str, float], form
     (``promote_if_better``) that decides again if another run moved the alias meanwhile, and
     the decision it returns (what the summary and the run's tags show) is what the registry
     holds after the move."""
-    name = tracking.model_name(cfg)  # one registered model per environment kind
+    name = tracking.model_name(cfg.env.kind)  # one registered model per environment kind
     current = tracking.champion(name)
     champion_version, champion_scores = None, None
     if current is not None:
@@ -163,7 +163,7 @@ def run_training_flow(kind: str, form: PipelineParams) -> dict:
         version = register_policy(cfg, cand.final_dir, run_id)
         decision = challenge_champion(cfg, version, cand.final, form, run_id)
         tracking.log_metrics(run_id, cand.gain, step=0, prefix="gain/")
-        name = tracking.model_name(cfg)
+        name = tracking.model_name(cfg.env.kind)
         publish_summary(f"{kind}-summary", f"{kind}: {run_name(kind)}", summary_sections(cand, version, decision, name),
                         run_id)
     summary = {"run_id": run_id, "output_dir": cand.output_dir, "data": asdict(cand.data), "split": cfg.eval.split,

@@ -168,7 +168,7 @@ def register_policy(cfg: Config, policy_dir: str, run_id: str) -> str:
     from a run marked diverged."""
     check_registrable(policy_dir, run_id)
     uri = tracking.log_policy_model(run_id, policy_dir, cfg=cfg)
-    version = tracking.register(uri, tracking.model_name(cfg))
+    version = tracking.register(uri, tracking.model_name(cfg.env.kind))
     tracking.set_tags(run_id, {"registered_version": version})
     return version
 
@@ -251,7 +251,8 @@ def promote_if_better(version: str, challenger: dict[str, float], champion_versi
     one compare-and-set under the store lock; tag the run with what the registry holds after.
 
     ``champion_version``/``champion``: the champion that was evaluated (None: there was none)
-    and its scores. Without a lock (a tracking server) the alias is read back after the move;
+    and its scores; ``name``: the registered model (``tracking.model_name`` of the run's
+    environment kind). Without a lock (a tracking server) the alias is read back after the move;
     if another run moved it in between, the result says so and reports the registry's value.
     """
     if metric not in challenger:

@@ -69,13 +69,13 @@ EXPERIMENTS = {
     "evaluate": "agentr1-evaluate",
 }
 MODEL_NAME = "agentr1-policy"
-"""The registered model of the ``qa`` environment's agents; another kind registers its own
-(:func:`model_name`), so a champion is only ever compared with agents of its environment."""
 
 
-def model_name(cfg: Config) -> str:
-    """The registered model name of ``cfg``'s environment kind."""
-    return MODEL_NAME if cfg.env.kind == "qa" else f"agentr1-{cfg.env.kind}-policy"
+def model_name(env_kind: str) -> str:
+    """The registered model of an environment kind: ``agentr1-policy`` for the search agent
+    (``qa``), ``agentr1-policy-<kind>`` for the others, so each kind has its own versions and
+    champion, and a challenger is never compared with another kind's agent."""
+    return MODEL_NAME if env_kind == "qa" else f"{MODEL_NAME}-{env_kind}"
 CHAMPION = "champion"
 DEFAULT_DB = "mlflow.db"
 ARTIFACTS_DIR = "mlartifacts"
@@ -120,6 +120,7 @@ SEARCH_MAX_RESULTS = 1000  # RUNNING runs looked at per start: far more than eve
 AGENT_MODEL_CODE = Path(__file__).with_name("agent_model.py")
 POLICY_ARTIFACT = "policy"
 CORPUS_ARTIFACT = "corpus"
+DATABASE_ARTIFACT = "database"
 PLUGIN_ARTIFACT = "plugin_"
 """Prefix of the artifacts holding the run's plug-in ``.py`` files (``plugin_0``, ...)."""
 AGENT_SECTIONS = ("seed", "env", "reward", "rollout")  # the config an episode depends on
@@ -600,8 +601,9 @@ def _requirements() -> list[str]:
 def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str = MODEL_NAME,
                      corpus: str | Path | None = None) -> str:
     """Log the agent of run ``run_id`` as a pyfunc model (``tasks/agent_model.py``, from code):
-    the Hugging Face policy directory (weights, tokenizer, chat template, value head) and the
-    corpus its search tool reads (default: ``corpus.jsonl`` of ``cfg.data.dir``) as artifacts,
+    the Hugging Face policy directory (weights, tokenizer, chat template, value head), the
+    corpus its search tool reads (default: ``corpus.jsonl`` of ``cfg.data.dir``) and, when there
+    is one beside it, the sql tool's database as artifacts,
     and ``cfg``'s episode settings (:func:`agent_config`); returns its ``models:/<id>`` URI.
 
     ``cfg`` is the run's own config. A LoRA adapter directory is logged as is: its base model
@@ -611,6 +613,7 @@ def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str 
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
     from agentr1.data.records import corpus_path
+    from agentr1.env.sql import DB_FILE
 
     model_dir = Path(model_dir)
     if not any((model_dir / f).is_file() for f in ("config.json", ADAPTER_CONFIG_FILE)):
@@ -621,7 +624,12 @@ def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str 
     corpus = Path(corpus) if corpus is not None else corpus_path(cfg.data.dir)
     if not corpus.is_file():
         raise FileNotFoundError(f"{corpus}: the corpus the agent searches is missing")
-    plugins = {f"{PLUGIN_ARTIFACT}{i}": str(p) for i, p in enumerate(plugin_files(cfg.plugins))}
+    files = {f"{PLUGIN_ARTIFACT}{i}": str(p) for i, p in enumerate(plugin_files(cfg.plugins))}
+    # The sql tool's database sits beside the corpus; MLflow copies every file artifact into one
+    # folder, so the served agent finds it beside its corpus copy (agentr1.env.sql.db_path_of).
+    database = corpus.parent / DB_FILE
+    if database.is_file():
+        files[DATABASE_ARTIFACT] = str(database)
     c = client()
     # Created here, not by Model.log: that would file it under the process's "current"
     # experiment rather than the run's.
@@ -635,7 +643,7 @@ def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str 
         info = mlflow.models.Model.log(
             artifact_path=None, name=name, flavor=mlflow.pyfunc, run_id=run_id, model_id=logged.model_id,
             python_model=str(AGENT_MODEL_CODE),
-            artifacts={POLICY_ARTIFACT: str(model_dir), CORPUS_ARTIFACT: str(corpus), **plugins},
+            artifacts={POLICY_ARTIFACT: str(model_dir), CORPUS_ARTIFACT: str(corpus), **files},
             model_config=agent_config(cfg), pip_requirements=_requirements(), signature=signature,
         )
     return info.model_uri

@@ -29,11 +29,12 @@ UNTRACKED_SECTIONS = {"data", "output_dir"}
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:dvc")
 
 
-def _makefile_synth_args():
-    """The `agentr1 data synth` arguments of `make data`, parsed by the CLI's own parser."""
+def _makefile_synth_args(variable: str = "DATA_SYNTH"):
+    """The `agentr1 data synth` arguments of `make data` (``DATA_SQL_SYNTH``: `make data-sql`),
+    parsed by the CLI's own parser."""
     text = (ROOT / "Makefile").read_text()
-    match = re.search(r"^DATA_SYNTH\s*:=\s*(.*)$", text, re.MULTILINE)
-    assert match, "Makefile: no `DATA_SYNTH := ...` line (the flags `make data` generates data/ with)"
+    match = re.search(rf"^{variable}\s*:=\s*(.*)$", text, re.MULTILINE)
+    assert match, f"Makefile: no `{variable} := ...` line (the flags `make data` generates data/ with)"
     return build_parser().parse_args(["data", "synth", "--out", "unused", *shlex.split(match.group(1))])
 
 
@@ -52,24 +53,32 @@ def _lookup(tree: dict, dotted: str):
     return node
 
 
+def _pinned(name: str = "data") -> dict:
+    """``<name>.dvc``'s single output entry (md5 of the directory manifest, size, nfiles)."""
+    outs = yaml.safe_load((ROOT / f"{name}.dvc").read_text())["outs"]
+    assert len(outs) == 1 and outs[0]["path"] == name, outs
+    return outs[0]
+
+
+def _regenerate(out: Path, variable: str = "DATA_SYNTH") -> Path:
+    """The dataset the Makefile's ``variable`` flags make on a clean clone, into ``out``."""
+    a = _makefile_synth_args(variable)
+    argv = ["data", "synth", "--out", str(out), "--kind", a.kind, "--seed", str(a.seed), "--n-train", str(a.n_train),
+            "--n-dev", str(a.n_dev), "--n-test", str(a.n_test),
+            "--hop-weights", ",".join(str(w) for w in a.hop_weights), "--names", a.names]
+    assert main(argv) == 0
+    return out
+
+
 @pytest.fixture(scope="module")
 def pinned() -> dict:
-    """data.dvc's single output entry (md5 of the directory manifest, size, nfiles)."""
-    outs = yaml.safe_load((ROOT / "data.dvc").read_text())["outs"]
-    assert len(outs) == 1 and outs[0]["path"] == "data", outs
-    return outs[0]
+    return _pinned()
 
 
 @pytest.fixture(scope="module")
 def regenerated(tmp_path_factory) -> Path:
     """data/ as `make data` makes it on a clean clone, in a temp dir."""
-    out = tmp_path_factory.mktemp("dvc") / "data"
-    a = _makefile_synth_args()
-    argv = ["data", "synth", "--out", str(out), "--seed", str(a.seed), "--n-train", str(a.n_train),
-            "--n-dev", str(a.n_dev), "--n-test", str(a.n_test),
-            "--hop-weights", ",".join(str(w) for w in a.hop_weights), "--names", a.names]
-    assert main(argv) == 0
-    return out
+    return _regenerate(tmp_path_factory.mktemp("dvc") / "data")
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +104,19 @@ def test_conf_synth_matches_make_data():
 
 
 def test_regenerated_data_hashes_to_data_dvc(regenerated, pinned):
+    _check_pinned(regenerated, pinned)
+
+
+@pytest.mark.slow
+def test_regenerated_sql_data_hashes_to_data_sql_dvc(tmp_path):
+    """data-sql.dvc pins conf/sql.yaml's world, its database included (~30 s to generate)."""
+    a = _makefile_synth_args("DATA_SQL_SYNTH")
+    synth = yaml.safe_load((ROOT / "conf" / "sql.yaml").read_text())["data"]["synth"]
+    assert synth == {"seed": a.seed, "n_train": a.n_train, "n_dev": a.n_dev, "n_test": a.n_test, "names": a.names}
+    _check_pinned(_regenerate(tmp_path / "data-sql", "DATA_SQL_SYNTH"), _pinned("data-sql"))
+
+
+def _check_pinned(regenerated: Path, pinned: dict) -> None:
     from dvc_data.hashfile.build import build
     from dvc_data.hashfile.db import HashFileDB
     from dvc_objects.fs.local import LocalFileSystem
@@ -113,13 +135,13 @@ def test_regenerated_data_hashes_to_data_dvc(regenerated, pinned):
     _, meta, obj = build(odb, str(regenerated), fs, pinned.get("hash", "md5"), dry_run=True, ignore=ignore)
     assert (meta.nfiles, meta.size) == (pinned["nfiles"], pinned["size"])
     assert obj.hash_info.value == pinned["md5"], (
-        "the synthetic generator no longer reproduces data.dvc: if the change is intended, "
-        "regenerate data/ and run `dvc add data`")
+        f"the synthetic generator no longer reproduces {regenerated.name}.dvc: if the change is intended, "
+        f"regenerate {regenerated.name}/ and run `dvc add {regenerated.name}`")
 
 
 def test_pipeline_is_validate_warmup_ppo_evaluate(dvc_repo):
     stages, edges = dvc_repo["stages"], dvc_repo["edges"]
-    assert set(stages) == {DATA_STAGE, *PIPELINE}
+    assert set(stages) == {DATA_STAGE, "data-sql.dvc", *PIPELINE}
     upstream = {name: {b for a, b in edges if a == name} - {DATA_STAGE} for name in PIPELINE}
     assert upstream == {"validate": set(), "warmup": {"validate"}, "ppo": {"warmup"},
                         "evaluate": {"ppo", "warmup"}}

@@ -189,7 +189,7 @@ def test_real_qa_data_is_demonstrated_by_searching_the_supporting_titles(tmp_pat
 
 
 def test_unknown_env_kind_and_tool_name_the_key_and_the_known_names():
-    with pytest.raises(ConfigError, match=r"env.kind: unknown environment 'sqlx'; registered: qa, tools"):
+    with pytest.raises(ConfigError, match=r"env.kind: unknown environment 'sqlx'; registered: mixed, qa, sql, tools"):
         load_config(None, ["env.kind=sqlx"])
     with pytest.raises(ConfigError, match=r"env.tools: unknown tool 'calc'; registered: .*search"):
         load_config(None, ["env.tools=[calc]"])
@@ -250,10 +250,10 @@ def test_each_environment_kind_has_its_own_registered_model():
     from tasks.registry import qualified_ref
     from tasks.tracking import MODEL_NAME, model_name
 
-    assert model_name(load_config()) == MODEL_NAME == "agentr1-policy"
-    other = model_name(load_config(None, ["env.kind=tools", "env.tools=[search]"]))
-    assert other == "agentr1-tools-policy"
+    assert model_name(load_config().env.kind) == MODEL_NAME == "agentr1-policy"
+    other = model_name(load_config(None, ["env.kind=tools", "env.tools=[search]"]).env.kind)
+    assert other == "agentr1-policy-tools"
     # A bare version or alias names a version of the config's own model, never the QA one.
-    assert qualified_ref("champion", other) == "models:/agentr1-tools-policy@champion"
-    assert qualified_ref("3", other) == "models:/agentr1-tools-policy/3"
+    assert qualified_ref("champion", other) == "models:/agentr1-policy-tools@champion"
+    assert qualified_ref("3", other) == "models:/agentr1-policy-tools/3"
     assert qualified_ref("models:/agentr1-policy@champion", other) == "models:/agentr1-policy@champion"

@@ -476,9 +476,11 @@ def write_dataset(
     splits: dict[str, list[QARecord]],
     corpus: list[Document],
     overwrite: bool = True,
+    files: dict[str, bytes] | None = None,
 ) -> None:
-    """Write DIR/qa/{split}.jsonl, DIR/corpus.jsonl and the generator's marker atomically, after
-    the written files pass ``check_dataset`` (errors name the files under ``out_dir``).
+    """Write DIR/qa/{split}.jsonl, DIR/corpus.jsonl, ``files`` ({name: bytes}, e.g. the SQL
+    world's database) and the generator's marker atomically, after the written files pass
+    ``check_dataset`` (errors name the files under ``out_dir``).
 
     ``out_dir`` must not exist, or be a dataset this function wrote (marker) holding nothing
     else, which is then replaced (unless not ``overwrite``); anything else is a DataError and
@@ -490,6 +492,10 @@ def write_dataset(
         if not _SPLIT_NAME.match(split):
             raise DataError(split_path(target, split), None, None,
                             f"bad split name {split!r} (letters, digits, '_', '-', '.')")
+    for name in files or {}:
+        if not _SPLIT_NAME.match(name) or name in (CORPUS_FILE, MARKER_FILE):
+            raise DataError(target / name, None, None, f"bad extra file name {name!r} (letters, digits, '_', '-', "
+                            f"'.'; not {CORPUS_FILE} or {MARKER_FILE})")
     _check_replaceable(target, overwrite)
 
     def write(tmp: Path) -> None:
@@ -497,8 +503,10 @@ def write_dataset(
         for split, records in splits.items():
             split_path(tmp, split).write_text(to_jsonl(r.to_json() for r in records), encoding="utf-8")
         corpus_path(tmp).write_text(to_jsonl(d.to_json() for d in corpus), encoding="utf-8")
+        for name, data in (files or {}).items():
+            (tmp / name).write_bytes(data)
         raise_errors([_moved(e, tmp, target) for e in check_dataset(tmp)])
-        files = [CORPUS_FILE, *(f"{QA_DIR}/{split}.jsonl" for split in splits)]
-        (tmp / MARKER_FILE).write_text(json.dumps({"generator": MARKER_GENERATOR, "files": files}) + "\n")
+        written = [CORPUS_FILE, *(f"{QA_DIR}/{split}.jsonl" for split in splits), *(files or {})]
+        (tmp / MARKER_FILE).write_text(json.dumps({"generator": MARKER_GENERATOR, "files": written}) + "\n")
 
     atomic_dir(target, write)

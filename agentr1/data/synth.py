@@ -456,6 +456,16 @@ def _hop_counts(n: int, weights: Sequence[float]) -> list[int]:
     return [h + 1 for h, c in enumerate(counts) for _ in range(c)]
 
 
+def _corpus(world: _World) -> tuple[list[str], list[Document]]:
+    """(doc id of each draft key, the corpus): documents shuffled, so a doc's position says nothing."""
+    order = list(range(len(world.drafts)))
+    world.rng.shuffle(order)
+    doc_ids = [""] * len(order)
+    for position, key in enumerate(order):
+        doc_ids[key] = f"d{position:06d}"
+    return doc_ids, [Document(doc_ids[k], world.drafts[k].title, world.drafts[k].text) for k in order]
+
+
 def _to_record(q: _Question, doc_ids: list[str]) -> QARecord:
     chain = [{**hop, "doc_id": doc_ids[hop["doc_id"]]} for hop in q.chain]
     meta = {
@@ -494,12 +504,7 @@ def generate(
         questions[split] = [
             _make_question(world, f"{split}-{i:05d}", world.rng.choice(paths[h])) for i, h in enumerate(hop_list)
         ]
-    order = list(range(len(world.drafts)))
-    world.rng.shuffle(order)
-    doc_ids = [""] * len(order)
-    for position, key in enumerate(order):
-        doc_ids[key] = f"d{position:06d}"
-    corpus = [Document(doc_ids[k], world.drafts[k].title, world.drafts[k].text) for k in order]
+    doc_ids, corpus = _corpus(world)
     # A split with no questions is left out: an empty split file is invalid data.
     splits = {split: [_to_record(q, doc_ids) for q in qs] for split, qs in questions.items() if qs}
     return splits, corpus

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Collection, Protocol, Sequence
 
 from agentr1.data.records import QARecord
 from agentr1.data.synth import extract_relation
@@ -67,21 +67,22 @@ class _Progress:
     """Malformed turns since the last well-formed search."""
 
 
-def _is_search(turn: ParsedTurn) -> bool:
-    """A well-formed search call (what the search tool's schema accepts; the scripted agents
-    read their own turns, so the structural parse plus this check is enough)."""
+def _is_search(turn: ParsedTurn, tools: Collection[str] = (SEARCH_TOOL_NAME,)) -> bool:
+    """A well-formed call of one of ``tools``, one-query tools (what the search and sql tools'
+    schemas accept; the scripted agents read their own turns, so the structural parse plus this
+    check is enough)."""
     args = turn.arguments or {}
-    return (turn.kind == "tool_call" and turn.name == SEARCH_TOOL_NAME and set(args) == {"query"}
+    return (turn.kind == "tool_call" and turn.name in tools and set(args) == {"query"}
             and isinstance(args["query"], str) and bool(args["query"].strip()))
 
 
-def _progress(messages: Sequence[dict]) -> _Progress:
+def _progress(messages: Sequence[dict], tools: Collection[str] = (SEARCH_TOOL_NAME,)) -> _Progress:
     hop, retries, query, observation = 0, 0, None, None
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
         turn = parse_turn(message["content"])
-        if _is_search(turn):
+        if _is_search(turn, tools):
             hop, retries, query = hop + 1, 0, turn.query
             follows = messages[i + 1] if i + 1 < len(messages) else None
             observation = follows["content"] if follows and follows["role"] == "tool" else None
@@ -134,6 +135,14 @@ class ExpertNoise:
     """Per search: probability of first emitting a malformed call, then retrying properly."""
     seed: int = 0
 
+    @classmethod
+    def from_config(cls, expert, seed: int) -> "ExpertNoise":
+        """The mistakes of ``sft.expert`` (``agentr1.config.ExpertConfig``; None: the defaults)."""
+        if expert is None:
+            return cls(seed=seed)
+        return cls(stop_short_3hop=expert.stop_short_3hop, distractor=expert.distractor,
+                   malformed=expert.malformed, seed=seed)
+
 
 @dataclass(frozen=True)
 class ExpertPlan:
@@ -182,8 +191,8 @@ def _hop_relation(link: dict, distracted: bool) -> str:
     return link["relation"]
 
 
-def _malformed_call(variant: int, query: str) -> str:
-    body = _MALFORMED_CALLS[variant].format(tool=SEARCH_TOOL_NAME, q=json.dumps(query, ensure_ascii=False))
+def _malformed_call(variant: int, query: str, tool: str = SEARCH_TOOL_NAME) -> str:
+    body = _MALFORMED_CALLS[variant].format(tool=tool, q=json.dumps(query, ensure_ascii=False))
     return f"{TOOL_CALL_START}{body}{TOOL_CALL_END}"
 
 

@@ -17,7 +17,7 @@ pipeline need from an environment (:class:`Environment`):
 (``protocol.parse_turn``, arguments checked against the tools' schemas); a well-formed call runs
 its tool (all of a turn's calls to one tool in one ``Tool.run_batch``) and earns
 ``process_valid_call``, plus ``process_new_support`` when its output's keys hold a gold item of
-the record (``supporting_docs``) not found earlier in the episode (a flat bonus per call);
+the record (``gold_keys``: by default ``supporting_docs``) not found earlier in the episode (a flat bonus per call);
 a malformed turn, or a call whose tool raised, gets an error observation, ``process_bad_call``
 now and ``format_bad_call`` in the outcome; an answer ends the episode with the outcome reward
 (``rewards.outcome_reward``). The turn that uses the last of ``max_turns`` ends the episode with
@@ -243,8 +243,14 @@ class ToolEnv(Environment):
             raise ValueError(f"finalize: episode {state.record.id!r} is already done")
         return self._end(state, reason, _TurnParts(), process=0.0)
 
+    def gold_keys(self, record: QARecord) -> tuple[str, ...]:
+        """What a tool output's keys are matched against for ``process_new_support``: the
+        record's ``supporting_docs`` (document ids) here; the ``sql`` environment, its gold-chain
+        values."""
+        return record.supporting_docs
+
     def episode_metrics(self, state: EpisodeState) -> dict[str, float]:
-        supporting = set(state.record.supporting_docs)
+        supporting = set(self.gold_keys(state.record))
         found = supporting & state.retrieved
         return {
             "em": state.scores.em,
@@ -284,7 +290,7 @@ class ToolEnv(Environment):
         state.n_calls += 1
         state.calls.append({"name": turn.name, "arguments": turn.arguments})
         keys = set(output.keys)
-        new_support = bool((keys - state.retrieved) & set(state.record.supporting_docs))
+        new_support = bool((keys - state.retrieved) & set(self.gold_keys(state.record)))
         state.retrieved |= keys
         return output.text or self.empty_output, _TurnParts(valid_call=True, new_support=new_support)
 

@@ -64,9 +64,8 @@ class QAEnv(ToolEnv):
         """The noisy expert on synthetic questions, the gold trajectory on the others."""
         from agentr1.env.agents import ExpertNoise, NoisyExpertAgent, PerRecordAgent
 
-        noise = ExpertNoise(stop_short_3hop=expert.stop_short_3hop, distractor=expert.distractor,
-                            malformed=expert.malformed, seed=seed) if expert else ExpertNoise(seed=seed)
-        return PerRecordAgent(lambda r: "chain" in r.meta, NoisyExpertAgent(noise), super().demonstrator(expert, seed))
+        return PerRecordAgent(lambda r: "chain" in r.meta, NoisyExpertAgent(ExpertNoise.from_config(expert, seed)),
+                              super().demonstrator(expert, seed))
 
     def check_demonstrable(self, records: Sequence[QARecord], path: Path) -> None:
         for line, record in enumerate(records, start=1):

@@ -1,8 +1,9 @@
 """Environments and tools by name: what ``env.kind`` and ``env.tools`` in a config select.
 
 Built in: the environment kinds ``qa`` (multi-hop QA over the ``search`` tool, synthetic data
-generator included) and ``tools`` (any registered tools, demonstrations from each record's gold
-calls), and the tool ``search``. A user's module registers more without touching ``agentr1/``::
+generator included), ``sql`` (the same questions over an SQLite database with the ``sql`` tool,
+generator included), ``mixed`` (both tools in one episode) and ``tools`` (any registered tools, demonstrations from each record's gold
+calls), and the tools ``search`` and ``sql``. A user's module registers more without touching ``agentr1/``::
 
     from agentr1.env.registry import register_tool
 
@@ -17,7 +18,8 @@ A tool is registered as a function (its schema checked at registration: a missin
 docstring fails right there) or, with ``factory=True``, as ``factory(cfg, data_dir) -> callable``
 for tools that need the run's data or settings (the search index). An environment is registered
 as ``build(cfg, data_dir, tools) -> Environment``, with an optional synthetic data generator
-``synth(cfg) -> (splits, corpus)`` used when ``data.dir`` does not exist yet.
+``synth(cfg) -> (splits, corpus)`` (or ``(splits, corpus, {file name: bytes})``, e.g. a
+database) used when ``data.dir`` does not exist yet.
 """
 from __future__ import annotations
 
@@ -62,6 +64,17 @@ def _gold_calls_problems(row: dict) -> int:
                for c in calls)
 
 
+def _chain_or_calls(row: dict) -> int:
+    return int(not row.get("chain") and _gold_calls_problems(row) > 0)
+
+
+def _gold_values_problems(row: dict) -> int:
+    values = row.get("gold_values")
+    if not isinstance(values, list) or not values:
+        return 1
+    return sum(not (isinstance(v, str) and v.strip()) for v in values)
+
+
 GOLD_CALLS_RULE = RecordRule("gold_calls", 'a train record has gold calls: "calls": [{"name": <tool>, '
                              '"arguments": {...}}, ...], which the warm-up demonstrates', "calls", _gold_calls_problems)
 
@@ -94,12 +107,26 @@ _ENVS: dict[str, EnvKind] = {
                   (RecordRule("demonstrable", "a train record has a relation chain (synthetic: chain) or supporting "
                               "documents (converted data), so the warm-up can demonstrate it", "supporting_docs",
                               _has_chain_or_support),)),
+    "sql": EnvKind("sql", "agentr1.env.sql_env:build", ("sql",), "agentr1.data.sql_synth:generate_from_config",
+                   "question answering over an SQLite database with the sql tool",
+                   (RecordRule("demonstrable", "a train record has a generated hop chain (meta.chain) or gold calls "
+                               "(meta.calls), so the warm-up can demonstrate it", "calls",
+                               _chain_or_calls),
+                    RecordRule("gold_values", "a record lists each hop's value (gold_values, strings), what the "
+                               "process reward looks for in query results", "gold_values", _gold_values_problems,
+                               ("train", "dev", "test")))),
+    "mixed": EnvKind("mixed", "agentr1.env.mixed_env:build", ("sql",), "agentr1.data.mixed_synth:generate_from_config",
+                     "questions whose hops need the search tool (films, companies) or the sql tool (people, "
+                     "cities) in one episode",
+                     (RecordRule("demonstrable", "a train record has a hop chain naming each hop's tool (meta.chain) "
+                                 "or gold calls (meta.calls)", "calls", _chain_or_calls),)),
     "tools": EnvKind("tools", "agentr1.env.base:build_tool_env", (),
                      description="answer with any registered tools; demonstrations from each record's meta.calls",
                      record_rules=(GOLD_CALLS_RULE,)),
 }
 _TOOLS: dict[str, ToolEntry] = {
     "search": ToolEntry("search", "agentr1.env.search:search_tool", factory=True),
+    "sql": ToolEntry("sql", "agentr1.env.sql:sql_tool", factory=True),
 }
 
 
