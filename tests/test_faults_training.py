@@ -191,10 +191,15 @@ def test_training_without_a_train_split_is_refused_before_any_write(data_dir, tm
     assert not out.exists()
 
 
-def test_a_warm_up_on_real_data_is_refused_before_any_write(tmp_path, capsys):
-    """The scripted expert follows synthetic relation chains; converted HotpotQA has none (it
-    was a KeyError deep in the warm-up, after the run directory was made)."""
+def test_real_data_is_demonstrated_and_a_record_it_cannot_be_is_refused_before_any_write(tmp_path, capsys):
+    """Converted HotpotQA has no relation chains (that was a KeyError deep in the warm-up, after
+    the run directory was made): its demonstrations are gold searches of each record's supporting
+    titles. A record without supporting documents cannot be demonstrated: refused, by file, line
+    and field, before anything is written."""
     from test_convert import HOTPOT, needs_real
+
+    from agentr1.env.agents import run_episodes
+    from agentr1.trainer import check_demonstrable
 
     if needs_real.args[0]:
         pytest.skip(needs_real.kwargs["reason"])
@@ -202,9 +207,18 @@ def test_a_warm_up_on_real_data_is_refused_before_any_write(tmp_path, capsys):
     assert main(["data", "convert", "--format", "hotpotqa", "--input", str(HOTPOT), "--out", str(data),
                  "--test-fraction", "0.2"]) == 0
     capsys.readouterr()
+    cfg = load_config("conf/train.yaml", [f"data.dir={data}", f"output_dir={out}"])
+    ws = Workspace.build(cfg)
+    check_demonstrable(cfg, ws)  # every converted record: its supporting titles, then its answer
+    (t,) = run_episodes(ws.env, ws.env.demonstrator(cfg.sft.expert, 0), ws.split("train")[:1])
+    assert t.metrics["support_recall"] > 0 and t.turn_texts[-1].startswith("<answer>")
+    train = data / "qa" / "train.jsonl"
+    rows = [json.loads(line) for line in train.read_text().splitlines()]
+    rows[0]["supporting_docs"] = []
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
     code = main(["train", "--config", "conf/train.yaml", "-o", f"data.dir={data}", "-o", f"output_dir={out}"])
     assert code == 2
-    assert "train.jsonl:1: field 'meta.chain'" in capsys.readouterr().err
+    assert "train.jsonl:1: field 'supporting_docs'" in capsys.readouterr().err
     assert not out.exists()
 
 
