@@ -36,6 +36,7 @@ from agentr1.data.synth import (
     _hop_counts,
     _question_text,
     _World,
+    check_hop_weights,
     distractor_of,
     kind_id,
     relation_kinds,
@@ -105,8 +106,7 @@ def generate(
     names: str = DEFAULT_NAMES,
 ) -> tuple[dict[str, list[QARecord]], list[Document], dict[str, bytes]]:
     """The mixed dataset for ``seed``: (splits, documents + table schemas, {DB_FILE: bytes})."""
-    if not 1 <= len(hop_weights) <= 3:
-        raise ValueError(f"hop_weights needs 1 to 3 entries, got {len(hop_weights)}")
+    check_hop_weights(hop_weights)
     world, rows = _World(seed, names), _Rows()
     paths = {h: _paths(h) for h in range(1, len(hop_weights) + 1)}
     drafts: dict[str, list[QARecord]] = {}

@@ -40,12 +40,13 @@ from agentr1.data.synth import (
     DEFAULT_HOP_WEIGHTS,
     DEFAULT_NAMES,
     MAIN_RELATIONS,
-    NAME_INVENTORIES,
     SPLITS,
     Name,
     _hop_counts,
     _NameMaker,
     _question_text,
+    _World,
+    check_hop_weights,
     dataset_stats,
     distractor_of,
     kind_id,
@@ -207,12 +208,9 @@ def generate(
 ) -> tuple[dict[str, list[QARecord]], list[Document], dict[str, bytes]]:
     """The SQL dataset for ``seed``: (splits, corpus, {DB_FILE: database bytes}); arguments as
     ``agentr1.data.synth.generate``'s. Byte-identical for a seed."""
-    if not 1 <= len(hop_weights) <= 3:
-        raise ValueError(f"hop_weights needs 1 to 3 entries, got {len(hop_weights)}")
-    if names not in NAME_INVENTORIES:
-        raise ValueError(f"unknown name inventory {names!r}; choose from {sorted(NAME_INVENTORIES)}")
-    rng = random.Random(seed)
-    maker = _NameMaker(rng, NAME_INVENTORIES[names])
+    check_hop_weights(hop_weights)
+    world = _World(seed, names)  # the QA world's seeded rng and name maker, drawn in the same order
+    rng, maker = world.rng, world.names
     rows = _Rows()
     paths = {h: _paths(h) for h in range(1, len(hop_weights) + 1)}
     splits = {}

@@ -478,6 +478,12 @@ def _to_record(q: _Question, doc_ids: list[str]) -> QARecord:
     return QARecord(q.id, q.text, (q.answer,), tuple(h["doc_id"] for h in chain), len(q.path), SOURCE, meta)
 
 
+def check_hop_weights(hop_weights: Sequence[float]) -> None:
+    """Every generator (QA, SQL, mixed) makes 1- to 3-hop questions: one share per hop count."""
+    if not 1 <= len(hop_weights) <= 3:
+        raise ValueError(f"hop_weights needs 1 to 3 entries, got {len(hop_weights)}")
+
+
 def generate(
     seed: int,
     n_train: int = 4000,
@@ -493,8 +499,7 @@ def generate(
     ``names`` picks the name inventory (:data:`NAME_INVENTORIES`).
     Byte-identical for a seed; documents are shuffled so a doc's position says nothing.
     """
-    if not 1 <= len(hop_weights) <= 3:
-        raise ValueError(f"hop_weights needs 1 to 3 entries, got {len(hop_weights)}")
+    check_hop_weights(hop_weights)
     world = _World(seed, names)
     paths = {h: relation_paths(h) for h in range(1, len(hop_weights) + 1)}
     questions: dict[str, list[_Question]] = {}
