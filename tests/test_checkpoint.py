@@ -1,8 +1,10 @@
 """Checkpoints hold tensors and plain data only: they resume exactly and never run code on load."""
 from __future__ import annotations
 
+import pickletools
 import random
 import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -119,12 +121,15 @@ def test_crafted_checkpoint_is_refused_without_running_its_code(tmp_path):
         ckpt.load_trainer_state(last)
     assert str(last / ckpt.TRAINER_FILE) in str(err.value)
     assert not marker.exists()
-    # The payload is armed: a full unpickle does create the marker (in a scratch copy).
-    armed = tmp_path / "armed"
-    armed.mkdir()
-    torch.save(_WritesMarker(armed / "pwned"), armed / ckpt.TRAINER_FILE)
-    torch.load(armed / ckpt.TRAINER_FILE, weights_only=False)
-    assert (armed / "pwned").exists()
+    # The payload is armed, read without running it: the pickle inside the file tells the
+    # unpickler to import open (io.open) and call it on the marker's path.
+    with zipfile.ZipFile(last / ckpt.TRAINER_FILE) as archive:
+        pickled = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
+    ops = [(op.name, arg) for op, arg, _ in pickletools.genops(pickled)]
+    names = [name for name, _ in ops]
+    strings = [arg for _, arg in ops if isinstance(arg, str)]
+    assert "REDUCE" in names and str(marker) in strings, strings
+    assert any(name == "GLOBAL" and arg.split()[-1] == "open" for name, arg in ops), ops
 
 
 def test_old_pickled_checkpoint_is_refused_with_the_file_named(tmp_path):

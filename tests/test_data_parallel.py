@@ -111,7 +111,7 @@ def test_one_update_on_two_processes_equals_one_process(tmp_path):
     single = {case: one_update(case) for case in CASES}  # while the two processes start
     _, err = launch.communicate(timeout=300)
     assert launch.returncode == 0, err[-3000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     start = params_of(tiny_policy(seed=0))
     for case in CASES:
         one, two = single[case], ranks[0][case]
