@@ -229,6 +229,8 @@ def _quiet_third_party() -> None:
     logging.getLogger("vllm").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")  # torch deprecations it trips
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # read when vllm is imported
+    # Read at import by huggingface_hub, so the flows' worker processes inherit it too.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
