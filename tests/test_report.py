@@ -134,7 +134,7 @@ def test_report_regenerates_the_study_from_mlflow(tiny_study, capsys):
         assert k.data.tags[tracking.TAG_CONFIG_HASH][:12] in row and data_hash[:12] in row
         assert k.data.tags["mlflow.source.git.commit"][:12] in row  # the code's commit, wherever run from
     assert "4 MLflow runs" in text
-    assert f"`{FULL}` > `{OUTCOME}` (greedy/em)" in text
+    assert f"`{FULL}` > `{OUTCOME}` (greedy/em)" in text and f"`{FULL}` > `{OUTCOME}` (sampled/em)" in text
     assert "over 2 warm-up(s)" in text or "not defined for" in text
 
 
