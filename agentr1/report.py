@@ -34,6 +34,8 @@ HEADLINE_KEYS = ("greedy/em", "sampled/em")
 PAPER_ORDERING = (("ppo", "ppo-no-adv-mask"), ("ppo-no-adv-mask", "ppo-no-masks"), ("ppo", "ppo-no-masks"),
                   ("ppo", "ppo-outcome-only"))
 FASTER_THAN = "ppo-outcome-only"  # "process rewards learn faster than outcome only"
+# Means of EM over runs are multiples of 1/(questions x runs): a smaller difference is float noise.
+TIE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,8 @@ class Claim:
             return "holds (one run each: no spread to compare with)" if self.difference > 0 else "does not hold"
         if self.difference > self.yardstick:
             return "holds beyond one standard deviation"
+        if abs(self.difference) <= TIE:
+            return "does not hold (equal means)"
         return "holds, within one standard deviation" if self.difference > 0 else "does not hold (reversed)"
 
 

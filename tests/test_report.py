@@ -47,6 +47,8 @@ def test_the_papers_claims_hold_beyond_within_or_not():
     assert claims[FULL, "ppo-no-adv-mask"].verdict == "holds, within one standard deviation"  # 0.63 vs 0.5625
     assert claims["ppo-no-adv-mask", "ppo-no-masks"].verdict == "not measured"
     assert Claim("x", "y", "greedy/em", -0.1, 0.05).verdict == "does not hold (reversed)"
+    assert Claim("x", "y", "greedy/em", 0.818 - 0.818, 0.02).verdict == "does not hold (equal means)"
+    assert Claim("x", "y", "greedy/em", 1 / 1200, 0.02).verdict == "holds, within one standard deviation"
     table = ablation_table(recs)
     assert f"(`{FULL}`) | 2 x 2/2 | **0.630** | 0.028 | 0.014 |" in table
 
