@@ -4,8 +4,8 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# uv installs the project: ~30 s from nothing against pip's ~140 s (parallel downloads and
-# installs), the same versions. It reads none of pip's configuration, so scripts/uv_env.py hands
+# uv installs the project: ~1 min from nothing, bytecode compiled, against pip's ~3 min
+# (parallel downloads and installs), the same versions (benchmarks/bootstrap.py). It reads none of pip's configuration, so scripts/uv_env.py hands
 # it pip's find-links, indexes and constraints (this machine's CPU torch wheel, its torch cap).
 # --compile-bytecode as pip does: with PYTHONDONTWRITEBYTECODE set (it is on these machines)
 # nothing is cached at import, and every process would compile torch, transformers, prefect...
