@@ -241,7 +241,7 @@ def naive_rag_engine(cfg: Config, ws, model, tokenizer, chat, records: list):
     system = env.system_prompt() or None
     first = {tuple(chat.prompt_ids(system, env.user_prompt(r))):
              chat.turn_ids(format_tool_call(r.question[: cfg.env.max_query_chars])) for r in records}
-    engine.backend = NaiveRAGBackend(engine.backend, first, chat.turn_ids(ANSWER_START))
+    engine.backend = NaiveRAGBackend(engine.backend, first, chat.prefix_ids(ANSWER_START))
     return engine
 
 

@@ -9,6 +9,22 @@ real Qwen2.5 one.
 
 Sequence layout (``action_mask`` in brackets):
     prompt_ids [0] | turn_ids(t1) [1] | observation_ids(o1) [0] | turn_ids(t2) [1] | ...
+
+Three things depend on the vocabulary and template, and are decided here once:
+
+* **Who closes a turn.** Where ``</tool_call>`` and ``</answer>`` are single tokens (the
+  from-scratch vocabulary), a turn stops at them and the end-of-turn token is environment text.
+  Where they are several tokens (SmolLM2, most pretrained vocabularies), a turn ends with the
+  model's own end-of-turn token (``<|im_end|>``), which it samples and which is then an action
+  token: ``closes_turns``. Both stop on single token ids, so every backend stops the same way.
+* **Where tool schemas go.** A template that renders ``tools=`` (Qwen2.5, the from-scratch one)
+  gets them; one that ignores them (SmolLM2's ChatML) gets them in the system message, in the
+  Hermes layout Qwen2.5's template writes (``hermes_tools_block``), which vLLM's hermes tool
+  parser reads back.
+* **Environment text is data.** An observation's body (a tool result, a document) is encoded
+  with special-token parsing off (``split_special_tokens``): a document that contains
+  ``<|im_end|>`` or ``<answer>`` gives the pieces of that text, never the control token, so
+  nothing a tool returns can end a turn, open a new one or fake an answer.
 """
 
 from __future__ import annotations
@@ -22,20 +38,37 @@ _TURN_SENTINEL = "TURNSENTINEL"
 _BODY_SENTINEL = "BODYSENTINEL"
 _SYSTEM_PROBE = "SYSTEMPROBE"
 _USER_PROBE = "USERPROBE"
+_TOOL_PROBE = "TOOLPROBE"
 # Action strings at which a turn ends (the policy stops generating there).
 STOP_STRINGS = ("</tool_call>", "</answer>")
+
+
+def hermes_tools_block(tools: list[dict]) -> str:
+    """The tool section Qwen2.5's chat template appends to the system message (Hermes format),
+    for templates that ignore ``tools=``."""
+    import json
+
+    listed = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+            f"{listed}\n</tools>\n\nFor each function call, return a json object with function name and "
+            "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 
 
 class ChatFormat:
     """Builds token ids of prompts, assistant turns and tool observations for one tokenizer.
 
     Attributes:
-        stop_token_ids: single-token ids of ``</tool_call>``, ``</answer>``, the end-of-turn
-            token and eos (strings that are several tokens in this vocabulary, e.g.
-            ``</answer>`` for Qwen2.5, are left out: match ``stop_strings`` on text instead).
+        stop_token_ids: the end-of-turn token and eos, and ``</tool_call>``, ``</answer>`` where
+            both are single tokens (else the policy closes its turns: ``closes_turns``).
         stop_strings: ``("</tool_call>", "</answer>")``.
         pad_token_id: the tokenizer's pad id (eos when it has none).
         end_of_turn_id: id the template closes an assistant message with (``<|im_end|>``).
+        closes_turns: the policy ends each turn with ``end_of_turn_id`` itself (an action token),
+            because the action end tags are not single tokens in this vocabulary.
+        tools_in_system: the tool schemas are written into the system message (the template
+            ignores ``tools=``).
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, tools: list[dict] | None = None):
@@ -43,29 +76,51 @@ class ChatFormat:
             raise ValueError(f"{type(tokenizer).__name__} has no chat_template: ChatFormat needs one")
         self.tokenizer = tokenizer
         self.tools = tools
+        self.tools_in_system = bool(tools) and not self._template_renders_tools()
         self._obs_before, self._obs_after = self._observation_frame()
         self.end_of_turn_id: int = self._encode(self._obs_before)[0]
         self._end_of_turn = tokenizer.convert_ids_to_tokens(self.end_of_turn_id)
         if not self._obs_before.startswith(self._end_of_turn):
             raise ValueError(f"chat_template: an assistant turn is not closed by a single token: {self._obs_before!r}")
+        self._frame_ids, self._data_head, self._data_tail = self._split_frame()
         self.stop_strings = STOP_STRINGS
+        self.closes_turns = len(single_token_ids(tokenizer, STOP_STRINGS)) < len(STOP_STRINGS)
         self.stop_token_ids: list[int] = single_token_ids(
-            tokenizer, [*STOP_STRINGS, self._end_of_turn, tokenizer.eos_token]
+            tokenizer, [*(() if self.closes_turns else STOP_STRINGS), self._end_of_turn, tokenizer.eos_token]
         )
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = pad if pad is not None else tokenizer.eos_token_id
+        # Chat-end and padding tokens a sampled turn may hold; they carry no meaning for the action.
+        self._markers = tuple(dict.fromkeys(m for m in (self._end_of_turn, tokenizer.eos_token, tokenizer.pad_token,
+                                                         tokenizer.unk_token) if m))
 
     # -- rendering ---------------------------------------------------------------------------
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        tools = None if self.tools_in_system else self.tools
         return self.tokenizer.apply_chat_template(
-            messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
         )
+
+    def _template_renders_tools(self) -> bool:
+        probe = [{"type": "function", "function": {"name": _TOOL_PROBE, "description": "", "parameters": {}}}]
+        text = self.tokenizer.apply_chat_template([{"role": "user", "content": _USER_PROBE}], tools=probe,
+                                                  tokenize=False, add_generation_prompt=True)
+        return _TOOL_PROBE in text
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    @staticmethod
-    def _head(system: str | None, user: str) -> list[dict]:
+    def _encode_data(self, texts: list[str]) -> list[list[int]]:
+        """Environment text as plain text: special-token strings inside it stay ordinary pieces."""
+        if not texts:
+            return []
+        enc = self.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        return [list(x) for x in enc]
+
+    def _head(self, system: str | None, user: str) -> list[dict]:
+        if self.tools_in_system:
+            block = hermes_tools_block(self.tools)
+            system = block if not system else f"{system}\n\n{block}"
         head = [{"role": "system", "content": system}] if system is not None else []
         return [*head, {"role": "user", "content": user}]
 
@@ -84,6 +139,20 @@ class ChatFormat:
         before, after = full[len(prefix):].split(_BODY_SENTINEL)
         return before, after
 
+    def _split_frame(self) -> tuple[tuple[list[int], list[int], list[int]], str, str]:
+        """The observation frame cut where its last (first) added token ends (starts): the token
+        parts as ids (``before``, ``before`` after a closed turn, ``after``), and the plain text on
+        each side of the body, which is encoded together with it."""
+        added = [t for t in self.tokenizer.get_added_vocab() if t]
+        before, after = self._obs_before, self._obs_after
+        cut_b = max((before.rfind(t) + len(t) for t in added if t in before), default=0)
+        cut_a = min((after.find(t) for t in added if t in after), default=len(after))
+        eot = len(self._end_of_turn)
+        if cut_b < eot:
+            raise ValueError(f"chat_template: the observation frame {before!r} does not open with an added token")
+        ids = self._encode_many([before[:cut_b], before[eot:cut_b], after[cut_a:]])
+        return (ids[0], ids[1], ids[2]), before[cut_b:], after[:cut_a]
+
     # -- public pieces -----------------------------------------------------------------------
     def prompt_text(self, system: str | None, user: str) -> str:
         """System (with tools) + user message + assistant header, as the template renders it."""
@@ -95,8 +164,17 @@ class ChatFormat:
         return self._encode(self.prompt_text(system, user))
 
     def turn_ids(self, text: str) -> list[int]:
-        """An assistant turn encoded on its own, as the policy emits it (no specials added)."""
-        return self._encode(text)
+        """An assistant turn encoded on its own, as the policy emits it (no specials added; with
+        ``closes_turns``, ending with the end-of-turn token the policy samples)."""
+        return self._encode_many([self.turn_text(text)])[0]
+
+    def prefix_ids(self, text: str) -> list[int]:
+        """The start of an assistant turn the policy continues (never closed), e.g. ``<answer>``."""
+        return self._encode_many([text])[0]
+
+    def turn_text(self, text: str) -> str:
+        """A scripted turn as the policy writes it: with ``closes_turns``, closed by end of turn."""
+        return text + self._end_of_turn if self.closes_turns and not text.endswith(self._end_of_turn) else text
 
     def observation_text(self, body: str, turn_closed: bool) -> str:
         """Environment text after an assistant turn: end of turn (unless the policy closed it),
@@ -105,12 +183,29 @@ class ChatFormat:
         return text[len(self._end_of_turn):] if turn_closed else text
 
     def observation_ids(self, body: str, turn_closed: bool) -> list[int]:
-        """Ids between the end of an assistant turn and the next assistant header.
+        """Ids between the end of an assistant turn and the next assistant header: the frame
+        (end of turn unless ``turn_closed``, the tool message's header and footer, the next
+        assistant header) as the template's tokens, ``body`` as plain text (see the module
+        docstring). ``turn_closed``: the turn's last sampled token was already the end-of-turn
+        token, so it is not inserted again."""
+        return self._observations([(body, turn_closed)])[0]
 
-        ``turn_closed``: the turn's last sampled token was already the end-of-turn token, so
-        it is not inserted again.
-        """
-        return self._encode(self.observation_text(body, turn_closed))
+    def _observations(self, items: list[tuple[str, bool]]) -> list[list[int]]:
+        """``observation_ids`` of many ``(body, turn_closed)`` in one tokenizer call for the bodies.
+
+        The tokenizer cuts text at its added tokens before anything else, so the frame's text
+        next to the body (``tool\n`` in ChatML, ``\n`` inside ``<tool_response>``) is encoded in one
+        piece with the body, with special-token parsing off: the same ids as encoding the whole
+        observation at once, except that a special token inside the body stays plain text."""
+        bodies = self._encode_data([self._data_head + body + self._data_tail for body, _ in items])
+        open_, open_closed, close = self._frame_ids
+        return [(open_closed if closed else open_) + b + close for (_, closed), b in zip(items, bodies)]
+
+    def strip_markers(self, text: str) -> str:
+        """A sampled turn's text without end-of-turn, eos, pad and unk token strings."""
+        for marker in self._markers:
+            text = text.replace(marker, "")
+        return text
 
     def is_closed(self, turn: list[int]) -> bool:
         """Whether a turn's ids already end with the end-of-turn token."""
@@ -142,10 +237,10 @@ class ChatFormat:
                     f"got {len(observations)} (and at least one turn)"
                 )
         heads = self._encode_many([self.prompt_text(system, user) for system, user, _, _ in episodes])
-        turn_ids = iter(self._encode_many([t for _, _, turns, _ in episodes for t in turns]))
+        turn_ids = iter(self._encode_many([self.turn_text(t) for _, _, turns, _ in episodes for t in turns]))
         turns_per_episode = [[next(turn_ids) for _ in turns] for _, _, turns, _ in episodes]
-        obs_ids = iter(self._encode_many([
-            self.observation_text(body, turn_closed=self.is_closed(t))
+        obs_ids = iter(self._observations([
+            (body, self.is_closed(t))
             for (_, _, _, observations), ts in zip(episodes, turns_per_episode)
             for body, t in zip(observations, ts)
         ]))

@@ -25,6 +25,10 @@ class ChatLike(Protocol):
 
     def observation_ids(self, body: str, turn_closed: bool) -> list[int]: ...
 
+    def is_closed(self, turn: list[int]) -> bool: ...
+
+    def strip_markers(self, text: str) -> str: ...
+
 
 @dataclass
 class Trajectory:
@@ -82,7 +86,6 @@ class RolloutEngine:
         self.tokenizer = tokenizer
         self.env = env
         self.settings = settings
-        self._im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     def run(self, records: list, seed: int, groups: list[int] | None = None,
             temperature: float | None = None) -> list[Trajectory]:
@@ -123,8 +126,7 @@ class RolloutEngine:
                 if res.done:
                     self._close(t, states[i], res, "answer" if states[i].answer is not None else "max_turns")
                     continue
-                closed = bool(g.token_ids) and g.token_ids[-1] == self._im_end
-                obs = self.chat.observation_ids(res.observation, turn_closed=closed)
+                obs = self.chat.observation_ids(res.observation, turn_closed=self.chat.is_closed(g.token_ids))
                 if len(t.token_ids) + len(obs) + MIN_TURN_ROOM > s.max_context_tokens:
                     self._close(t, states[i], self.env.finalize(states[i], "context"), "context")
                     continue
@@ -153,8 +155,7 @@ class RolloutEngine:
         t.action_mask.extend([1] * len(g.token_ids))
         t.rollout_logprobs.extend(g.logprobs)
         t.turn_ends.append(len(t.token_ids) - 1)
-        text = self.tokenizer.decode(g.token_ids, skip_special_tokens=False)
-        text = text.replace("<|im_end|>", "").replace("<|endoftext|>", "").replace("<pad>", "")
+        text = self.chat.strip_markers(self.tokenizer.decode(g.token_ids, skip_special_tokens=False))
         t.turn_texts.append(text)
         return text
 
