@@ -270,3 +270,23 @@ def test_without_a_session_the_hf_backend_keeps_nothing(world):
     backend = HFBackend(world["model"].policy, world["chat"].pad_token_id)
     backend.generate([[1, 2, 3]], SamplingSpec(3, ()), [0])
     assert backend._kept is None
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_shared_prompt_prefix_is_prefilled_once_and_samples_the_same(world, monkeypatch, temperature):
+    """Prompts that share a long start (a system prompt) have it prefilled once, as one row, and
+    copied to every row; the samples are those of prefilling every row whole."""
+    import agentr1.rollout.backend as backend
+
+    shared = list(range(10, 10 + backend.MIN_SHARED_PREFIX + 8))
+    prompts = [shared + world["chat"].prompt_ids(None, world["env"].user_prompt(r))
+               for r in world["splits"]["test"][:5]] + [shared + [7]]
+    spec = SamplingSpec(10, tuple(world["chat"].stop_token_ids), temperature=temperature)
+    spy = Fed(world["model"].policy)
+    once = HFBackend(spy, world["chat"].pad_token_id).generate(prompts, spec, list(range(6)))
+    assert spy.widths[0] == len(shared)  # the prefix alone, batch of one
+    monkeypatch.setattr(backend, "MIN_SHARED_PREFIX", 10**9)
+    whole = HFBackend(world["model"].policy, world["chat"].pad_token_id).generate(prompts, spec, list(range(6)))
+    assert [g.token_ids for g in once] == [g.token_ids for g in whole]
+    for a, b in zip(once, whole):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)

@@ -24,6 +24,9 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicLayer
 
 NEG_INF = float("-inf")
+MIN_SHARED_PREFIX = 32
+"""Tokens that every prompt of a first call must share before they are prefilled once for all
+rows (a system prompt and tool schemas); shorter common starts are not worth a second pass."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,18 @@ class _TurnCache:
         return rows
 
 
+def _common_prefix(prompts: list[list[int]]) -> int:
+    """Length of the longest start all prompts share, at most the shortest prompt's length - 1
+    (every row keeps a token of its own to prefill)."""
+    first, n = prompts[0], min(len(p) for p in prompts) - 1
+    for p in prompts[1:]:
+        k = 0
+        while k < n and p[k] == first[k]:
+            k += 1
+        n = k
+    return max(n, 0)
+
+
 def _extends(prompt: list[int], seq: list[int]) -> bool:
     return len(prompt) > len(seq) and prompt[: len(seq)] == seq
 
@@ -246,7 +261,7 @@ class HFBackend:
     ) -> list[Generation]:
         B = len(prompts)
         kept, self._kept = self._kept, None  # freed before this call allocates its own
-        layers, mask, cached = self._reuse(kept, prompts, spec)
+        layers, mask, cached = self._reuse(kept, prompts, spec) if kept is not None else self._shared(prompts, spec)
         # The new tokens of each row, left-padded so every row's last column is real.
         suffixes = [p[n:] for p, n in zip(prompts, cached)]
         width = max(len(s) for s in suffixes)
@@ -303,6 +318,31 @@ class HFBackend:
             Generation(out_ids[i], out_lp[i], "stop" if out_ids[i][-1] in stops else "length")
             for i in range(B)
         ]
+
+    def _shared(self, prompts: list[list[int]], spec: SamplingSpec
+                ) -> tuple[list[_BufferLayer], torch.Tensor, list[int]]:
+        """The cache a call without a kept one starts from: the prompts' common prefix (at least
+        ``MIN_SHARED_PREFIX`` tokens, one token short of the shortest prompt) prefilled once, as a
+        batch of one, and copied to every row; else nothing. The same (layers, mask, cached) as
+        :meth:`_reuse`. A row's prefix KV is then computed the same way whatever its batch-mates."""
+        B = len(prompts)
+        n = _common_prefix(prompts)
+        if B < 2 or n < MIN_SHARED_PREFIX:
+            return [], torch.zeros((B, 0), dtype=torch.long, device=self.device), [0] * B
+        ids = torch.tensor([prompts[0][:n]], dtype=torch.long, device=self.device)
+        cache = Cache(layer_class_to_replicate=lambda: _BufferLayer(n))
+        self.model(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache, use_cache=True,
+                   logits_to_keep=1)
+        room = max(len(p) for p in prompts) + spec.max_new_tokens
+        layers = []
+        for old in cache.layers:
+            new = []
+            for buf in (old.buf_k, old.buf_v):
+                fresh = buf.new_empty(B, room, *buf.shape[2:])
+                fresh[:, :n] = buf[:, :n]
+                new.append(fresh)
+            layers.append(_BufferLayer(room, *new, n))
+        return layers, torch.ones((B, n), dtype=torch.long, device=self.device), [n] * B
 
     def _reuse(self, kept: _TurnCache | None, prompts: list[list[int]], spec: SamplingSpec
                ) -> tuple[list[_BufferLayer], torch.Tensor, list[int]]:
