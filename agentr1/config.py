@@ -55,6 +55,11 @@ class ModelConfig(_Section):
     lora_r: int = Field(0, ge=0)
     """Pretrained only: LoRA rank; 0 trains every weight."""
     lora_alpha: int = 32
+    trainable_layers: int | None = Field(None, ge=1)
+    """Train only the top N decoder layers (with the final norm and the value head); the
+    embeddings, the LM head tied to them and the layers below stay as loaded. PPO then computes
+    the frozen layers once per batch for the policy, the reference and every epoch, and the
+    reference shares them instead of holding a second copy. None trains every layer."""
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":

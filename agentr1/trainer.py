@@ -241,19 +241,22 @@ def tokenizer_texts(ws: Workspace, records, transcripts) -> list[str]:
 def build_model(cfg: Config, ws: Workspace, records, transcripts):
     """A fresh policy (scratch) or a pretrained one, with its tokenizer and chat format."""
     from models.chat import ChatFormat
+    from models.policy import train_top_layers
 
     if cfg.model.kind == "pretrained":
         from models.pretrained import LoraSpec, load_pretrained
 
         lora = LoraSpec(r=cfg.model.lora_r, alpha=cfg.model.lora_alpha) if cfg.model.lora_r else None
         model, tokenizer = load_pretrained(cfg.model.name_or_path, lora=lora)
+        train_top_layers(model, cfg.model.trainable_layers)
     else:
         from models.policy import ModelSpec, build_policy
         from models.tokenizer import build_tokenizer
 
         tokenizer = build_tokenizer(tokenizer_texts(ws, records, transcripts), vocab_size=cfg.model.vocab_size,
                                     phrases=ws.env.tokenizer_phrases())
-        model = build_policy(ModelSpec.from_config(cfg.model), tokenizer, seed=cfg.seed)
+        model = train_top_layers(build_policy(ModelSpec.from_config(cfg.model), tokenizer, seed=cfg.seed),
+                                 cfg.model.trainable_layers)
     return model, tokenizer, ChatFormat(tokenizer, ws.tools)
 
 
@@ -418,6 +421,29 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     return out
 
 
+def share_frozen_layers(model, ref_model, ref_dir: Path) -> None:
+    """Let the reference policy use the policy's frozen layers (``model.trainable_layers``): the
+    same modules, not a copy, so PPO computes them once per batch for both. They must hold the
+    same weights (a policy never trains them); a reference whose frozen part differs (a warm-up
+    that trained those layers is fine: the policy starts from it) is an error."""
+    from models.policy import _base_lm
+
+    k = model.frozen_layers
+    if not k:
+        return
+    mine, theirs = _base_lm(model.policy).model, _base_lm(ref_model.policy).model
+    pairs = [(mine.embed_tokens, theirs.embed_tokens), *zip(mine.layers[:k], theirs.layers[:k])]
+    for a, b in pairs:
+        for (name, p), q in zip(a.named_parameters(), b.parameters()):
+            if not torch.equal(p, q):
+                raise ConfigError(f"model.trainable_layers={len(mine.layers) - k}: the reference policy {ref_dir} "
+                                  f"differs from the policy below layer {k} ({name}): they cannot share the frozen "
+                                  "layers; use the trainable_layers the warm-up was made with")
+    for i in range(k):  # the reference's LM head stays its own (it is tied to its embeddings)
+        theirs.layers[i] = mine.layers[i]
+    ref_model.frozen_layers = k
+
+
 class PPOSession:
     """The state of a PPO run between iterations, opened from disk and saved back.
 
@@ -430,7 +456,7 @@ class PPOSession:
 
     def __init__(self, cfg: Config, ws: Workspace):
         from models.chat import ChatFormat
-        from models.policy import attention_for_precision, load_actor_critic
+        from models.policy import attention_for_precision, load_actor_critic, train_top_layers
 
         self.cfg, self.ws = cfg, ws
         out = Path(cfg.output_dir)
@@ -441,8 +467,10 @@ class PPOSession:
                               f"use another output_dir, or delete {self.last} to start PPO again")
         start_dir = self.last / ckpt.POLICY_DIR if resume else out / WARMUP_DIR
         model, self.tokenizer = load_actor_critic(start_dir, device=ws.device)
+        train_top_layers(model, cfg.model.trainable_layers)
         self.ref_model, _ = load_actor_critic(out / WARMUP_DIR, device=ws.device)
         self.ref_model.eval().requires_grad_(False)
+        share_frozen_layers(model, self.ref_model, out / WARMUP_DIR)
         self.chat = ChatFormat(self.tokenizer, ws.tools)
         p = cfg.ppo
         self.hp = ppo_hyper(cfg)

@@ -74,7 +74,14 @@ class ActorCritic(nn.Module):
 
     The policy may be a peft ``PeftModel`` (LoRA); the value head then reads the trunk with
     the adapters active.
+
+    With ``frozen_layers = k`` (:func:`train_top_layers`) the embeddings and the first ``k``
+    decoder layers never change, so their output for a batch (:meth:`trunk_states`, (B, T, H))
+    can be computed once and handed to every later pass over the same batch (``trunk=``): the
+    reference policy, the value and each PPO epoch then run only the layers above ``k``.
     """
+
+    frozen_layers: int = 0
 
     def __init__(self, policy: nn.Module, value_head: nn.Linear | None = None):
         super().__init__()
@@ -87,11 +94,25 @@ class ActorCritic(nn.Module):
         self.value_head = value_head.float()  # fp32 even when the trunk runs in bf16
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                      position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """The trunk's last hidden states (B, T, H): what the LM head and the value head read."""
+                      position_ids: torch.Tensor | None = None, trunk: torch.Tensor | None = None) -> torch.Tensor:
+        """The trunk's last hidden states (B, T, H): what the LM head and the value head read.
+        ``trunk`` (B, T, H): :meth:`trunk_states` of this batch; only the layers above run."""
+        if trunk is not None:
+            return run_decoder_layers(_base_lm(self.policy).model, trunk, attention_mask, position_ids,
+                                      self.frozen_layers, None, final_norm=True)
         return _base_lm(self.policy).model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state
+
+    @torch.no_grad()
+    def trunk_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                     position_ids: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The output of the frozen layers (B, T, H), or None when none is frozen."""
+        if not self.frozen_layers:
+            return None
+        base = _base_lm(self.policy).model
+        return run_decoder_layers(base, base.embed_tokens(input_ids), attention_mask, position_ids, 0,
+                                  self.frozen_layers, final_norm=False)
 
     def forward(
         self,
@@ -99,6 +120,7 @@ class ActorCritic(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         logits_at: torch.Tensor | None = None,
+        trunk: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """input_ids (B, T) -> (logits (B, T, V) float32, values (B, T) float32).
 
@@ -106,14 +128,59 @@ class ActorCritic(nn.Module):
         default 0..T-1 (e.g. for left padding). ``logits_at`` (B, T) bool computes logits only
         at those positions, returned packed as (N, V) in row-major order: the LM head is a
         third of a small model's forward, and training needs logits at action tokens only.
+        ``trunk``: this batch's :meth:`trunk_states`, to skip the frozen layers.
         """
         lm = _base_lm(self.policy)
-        hidden = self.hidden_states(input_ids, attention_mask, position_ids)
+        hidden = self.hidden_states(input_ids, attention_mask, position_ids, trunk)
         values = self.value_head(hidden.float()).squeeze(-1)
         if logits_at is not None:
             hidden = hidden[logits_at]
         logits = lm.get_output_embeddings()(hidden).float()
         return logits, values
+
+
+def run_decoder_layers(base: nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
+                       position_ids: torch.Tensor | None, start: int, stop: int | None,
+                       final_norm: bool) -> torch.Tensor:
+    """Decoder layers ``start:stop`` of a Llama/Qwen2-style ``base`` model (``lm.model``) on
+    ``hidden`` (B, T, H), as its own ``forward`` runs them (causal mask from ``attention_mask``,
+    rotary embeddings from ``position_ids``, default 0..T-1), then the final norm if asked.
+    No KV cache: for training passes over whole sequences."""
+    from transformers.masking_utils import create_causal_mask
+
+    kinds = set(getattr(base.config, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        raise NotImplementedError(f"model.trainable_layers: layer types {sorted(kinds)} (sliding-window "
+                                  "attention) are not supported; train every layer (model.trainable_layers: null)")
+    if position_ids is None:
+        position_ids = torch.arange(hidden.shape[1], device=hidden.device)[None]
+    mask = create_causal_mask(config=base.config, inputs_embeds=hidden, attention_mask=attention_mask,
+                              past_key_values=None, position_ids=position_ids)
+    position_embeddings = base.rotary_emb(hidden, position_ids=position_ids)
+    for layer in base.layers[start:stop]:
+        hidden = layer(hidden, attention_mask=mask, position_embeddings=position_embeddings,
+                       position_ids=position_ids, past_key_values=None, use_cache=False)
+    return base.norm(hidden) if final_norm else hidden
+
+
+def train_top_layers(model: ActorCritic, trainable_layers: int | None) -> ActorCritic:
+    """Train only the top ``trainable_layers`` decoder layers, the final norm and the value head
+    (None: everything); the embeddings (tied to the LM head), the layers below and any LoRA
+    adapters there are frozen, and ``model.frozen_layers`` records where the trainable part
+    starts (see :class:`ActorCritic`)."""
+    if trainable_layers is None:
+        return model
+    base = _base_lm(model.policy)
+    n = len(base.model.layers)
+    if not 1 <= trainable_layers <= n:
+        raise ValueError(f"model.trainable_layers: {trainable_layers}, the model has {n} decoder layers")
+    frozen = n - trainable_layers
+    base.model.embed_tokens.requires_grad_(False)
+    base.get_output_embeddings().requires_grad_(False)
+    for layer in base.model.layers[:frozen]:
+        layer.requires_grad_(False)
+    model.frozen_layers = frozen
+    return model
 
 
 def attention_for_precision(model: ActorCritic, device: torch.device, mixed_precision: str) -> str:

@@ -78,18 +78,23 @@ class Scored:
     advantages: torch.Tensor
     returns: torch.Tensor
     token_rewards: torch.Tensor
+    trunk: torch.Tensor | None = None
+    """(B, L, H) output of the policy's frozen layers (``ActorCritic.frozen_layers``), computed
+    once and reused by the reference pass and every epoch; None when nothing is frozen."""
 
 
 def forward_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    temperature: float = 1.0, with_entropy: bool = False,
-                   positions: torch.Tensor | None = None):
+                   positions: torch.Tensor | None = None, trunk: torch.Tensor | None = None):
     """Log-probs (B, T) of tokens 1..L-1, values (B, T), and optionally entropy (B, T).
 
     With ``positions`` (B, T), log-probs and entropy are computed only there (0 elsewhere):
-    the LM head runs on those hidden states alone.
+    the LM head runs on those hidden states alone. ``trunk`` (B, L, H): the frozen layers'
+    output for these rows (see :class:`Scored`), so only the layers above run.
     """
+    extra = {} if trunk is None else {"trunk": trunk}
     if positions is None:
-        logits, values = model(input_ids=input_ids, attention_mask=attention_mask)
+        logits, values = model(input_ids=input_ids, attention_mask=attention_mask, **extra)
         logits = logits[:, :-1].float() / temperature
         logp = logprobs_from_logits(logits, input_ids[:, 1:])
         ent = entropy_from_logits(logits) if with_entropy else None
@@ -97,7 +102,7 @@ def forward_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     where = positions.bool()
     at = torch.zeros_like(input_ids, dtype=torch.bool)
     at[:, :-1] = where  # the logits at position j - 1 predict token j
-    packed, values = model(input_ids=input_ids, attention_mask=attention_mask, logits_at=at)
+    packed, values = model(input_ids=input_ids, attention_mask=attention_mask, logits_at=at, **extra)
     packed = packed.float()[None] / temperature  # (1, N, V)
     logp = torch.zeros(where.shape, dtype=torch.float32, device=input_ids.device)
     logp[where] = logprobs_from_logits(packed, input_ids[:, 1:][where][None])[0]
@@ -131,8 +136,12 @@ def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper,
     rows = row_shards(len(batch), accelerator.num_processes)[accelerator.process_index] \
         if _parallel(accelerator) else slice(None)
     ids, attn, at = batch.input_ids[rows], batch.attention_mask[rows], loss_mask[rows]
-    old_logp, old_values, _ = forward_tokens(_network(model, accelerator), ids, attn, hp.temperature, positions=at)
-    ref_logp, _, _ = forward_tokens(ref_model, ids, attn, hp.temperature, positions=at)
+    net = _network(model, accelerator)
+    # The frozen layers' output, once for the policy, the reference (which shares those layers:
+    # agentr1.trainer.share_frozen_layers) and every epoch. Data parallel shards rows: not there.
+    trunk = None if _parallel(accelerator) or not getattr(net, "frozen_layers", 0) else net.trunk_states(ids, attn)
+    old_logp, old_values, _ = forward_tokens(net, ids, attn, hp.temperature, positions=at, trunk=trunk)
+    ref_logp, _, _ = forward_tokens(ref_model, ids, attn, hp.temperature, positions=at, trunk=trunk)
     if _parallel(accelerator):
         old_logp, old_values, ref_logp = (gather_rows(accelerator, x, len(batch))
                                           for x in (old_logp, old_values, ref_logp))
@@ -165,7 +174,7 @@ def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper,
     }
     if hp.estimator == "gae":
         metrics["critic/explained_variance"] = float(explained_variance(old_values, returns, adv_mask))
-    return Scored(old_logp, ref_logp, old_values, adv, returns, token_rewards), metrics
+    return Scored(old_logp, ref_logp, old_values, adv, returns, token_rewards, trunk), metrics
 
 
 STEP_METRICS = ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/kl_loss", "actor/entropy",
@@ -180,8 +189,9 @@ def minibatch_loss(net, batch: RolloutBatch, scored: Scored, hp: PPOHyper, rows:
     idx = torch.tensor(rows)
     mask = loss_mask[idx, : L - 1]
     cut = lambda x: x[idx, : L - 1]  # noqa: E731 - per-token tensors of these rows
+    trunk = None if scored.trunk is None else scored.trunk[idx, :L]
     logp, values, ent = forward_tokens(net, batch.input_ids[idx, :L], batch.attention_mask[idx, :L],
-                                       hp.temperature, with_entropy=True, positions=mask)
+                                       hp.temperature, with_entropy=True, positions=mask, trunk=trunk)
     pg, pg_m = policy_loss(logp, cut(scored.old_logp), cut(scored.advantages), mask,
                            hp.clip_eps, None, hp.dual_clip_c)
     kl = masked_mean(kl_penalty(logp, cut(scored.ref_logp), hp.kl_kind, hp.kl_clamp), mask)
