@@ -70,6 +70,27 @@ class ModelConfig(_Section):
         return self
 
 
+class SandboxConfig(_Section):
+    """Bounds of every tool call (``agentr1.env.sandbox``): each runs in a worker process that may
+    write only in its scratch directory and cannot start programs; a call past a bound is a failed
+    call (error observation, bad-call penalty) and the worker is replaced."""
+
+    enabled: bool = True
+    """False runs tools in the trainer's own process, unbounded (debugging a tool)."""
+    wall_s: float = Field(10.0, gt=0)
+    """Seconds to answer one call (a batched tool: one turn's calls). A safety net: the budgets
+    that decide a call's outcome count work (CPU seconds, the SQL tool's VM steps), not time."""
+    cpu_s: float = Field(5.0, gt=0)
+    """CPU seconds per call."""
+    memory_mb: int = Field(1024, ge=16)
+    """Memory a worker may allocate beyond what it inherits (its tool, e.g. a search index)."""
+    disk_mb: int = Field(64, ge=0)
+    """Bytes, in MiB, a worker may keep in its scratch directory (and the largest file)."""
+    output_chars: int = Field(20_000, ge=100)
+    """Characters of one call's result as the worker sends it (the environment then cuts it to
+    ``env.max_doc_chars``)."""
+
+
 class EnvConfig(_Section):
     kind: str = "qa"
     """The environment (``agentr1.env.registry``): ``qa`` (search, then answer), ``tools`` (the
@@ -93,6 +114,7 @@ class EnvConfig(_Section):
     """Tokens the policy may sample in one turn before it is cut."""
     max_context_tokens: int = Field(640, ge=32)
     """An episode ends when its sequence would outgrow this."""
+    sandbox: SandboxConfig = SandboxConfig()
 
 
 class RewardConfig(_Section):

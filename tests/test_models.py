@@ -11,6 +11,7 @@ import string
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models as tok_models, pre_tokenizers, trainers
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
@@ -221,6 +222,29 @@ def test_a_body_cannot_forge_chat_structure(tok):
     special = set(tok.all_special_ids)
     assert [i for i in ids if i in special] == [i for i in chat.observation_ids("", False) if i in special]
     assert forged in tok.decode(ids)
+
+
+@pytest.mark.parametrize("which", ["scratch", "qwen"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_no_body_yields_a_control_token(which, tok, qwen_dir, data):
+    """Property: whatever mix of the vocabulary's added tokens and the protocol's tags a tool
+    result or document holds, its ids hold no special token (only the frame's own), and it
+    decodes back to itself. tests/test_smollm2.py checks the same on SmolLM2's tokenizer."""
+    tokenizer = tok if which == "scratch" else load_pretrained(qwen_dir)[1]
+    chat = ChatFormat(tokenizer, TOOLS)
+    strings = sorted({*tokenizer.get_added_vocab(), *tokenizer.all_special_tokens, "<tool_call>", "</tool_call>",
+                      "<answer>", "</answer>", "<tool_response>", "</tool_response>"})
+    marks = data.draw(st.lists(st.sampled_from(strings), min_size=1, max_size=4))
+    filler = data.draw(st.lists(st.text("ab \n|<>", max_size=4), min_size=len(marks) + 1, max_size=len(marks) + 1))
+    body = filler[0] + "".join(m + f for m, f in zip(marks, filler[1:]))
+    closed = data.draw(st.booleans())
+    # Control tokens are the special ones; a non-special added token (the scratch vocabulary's
+    # call scaffold) is an ordinary piece of text that a document may hold too.
+    control = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    ids, frame = chat.observation_ids(body, closed), chat.observation_ids("", closed)
+    assert [i for i in ids if i in control] == [i for i in frame if i in control]
+    assert tokenizer.decode(ids) == chat.observation_text(body, closed)
 
 
 def test_turn_ids_are_what_the_policy_emits(tok):

@@ -46,8 +46,10 @@ class FakeSearch:
 
 def settings(**changes) -> EnvSettings:
     """The environment's settings as these tests were written for: document headers and the
-    environment's own instructions (the default run turns both off)."""
-    return EnvSettings.from_config(EnvConfig(), **{"doc_header": True, "system_prompt": None, **changes})
+    environment's own instructions (the default run turns both off), and the search tool in this
+    process, where the tests count its batches (tests/test_sandbox.py runs tools sandboxed)."""
+    return EnvSettings.from_config(EnvConfig(), **{"doc_header": True, "system_prompt": None, "sandbox": None,
+                                                   **changes})
 
 
 def make_env(top_k: int = 1, max_turns: int = 4, **weights) -> QAEnv:

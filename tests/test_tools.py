@@ -42,12 +42,10 @@ def divide(a: float, b: float) -> str:
 
 
 class Counter:
-    """A stateful tool with a batched backend: counts the calls it answered."""
+    """A tool with a batched backend, which says how many calls each batch held (the tool runs in
+    a sandboxed worker: its answers are all the test can see of it)."""
 
     name = "count"
-
-    def __init__(self):
-        self.batches = []
 
     def __call__(self, word: str) -> str:
         """Count the letters of a word.
@@ -58,8 +56,7 @@ class Counter:
         return str(len(word))
 
     def batch(self, calls: list[dict]) -> list[str]:
-        self.batches.append(len(calls))
-        return [str(len(c["word"])) for c in calls]
+        return [f"{len(c['word'])} (batch of {len(calls)})" for c in calls]
 
 
 def record(i: int = 0, calls=None, answers=("5",)) -> QARecord:
@@ -151,7 +148,7 @@ def test_a_batched_tool_answers_a_turn_in_one_call_and_its_failure_is_contained(
     env = make_env(counter, add)
     states = [env.reset(record(i)) for i in range(3)]
     steps = env.step_batch(states, [format_call("count", {"word": w}) for w in ("ab", "abc", "abcd")])
-    assert [s.observation for s in steps] == ["2", "3", "4"] and counter.batches == [3]
+    assert [s.observation for s in steps] == [f"{n} (batch of 3)" for n in (2, 3, 4)]
     broken = Counter()
     broken.batch = lambda calls: 1 / 0
     env = make_env(broken)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from agentr1.data.records import DataError, QARecord
 from agentr1.env.protocol import ParsedTurn, parse_turn
 from agentr1.env.rewards import AnswerScores, RewardWeights, format_reward, outcome_reward, process_reward, score_answer
+from agentr1.env.sandbox import SandboxLimits, sandboxed
 from agentr1.env.tools import Tool, ToolOutput, check_unique
 
 if TYPE_CHECKING:
@@ -62,11 +63,15 @@ class EnvSettings:
     documents' text alone, one per line (~9 tokens shorter per document)."""
     system_prompt: str | None
     """Replaces the environment's default instructions ("": no system turn)."""
+    sandbox: SandboxLimits | None = None
+    """The bounds every tool call runs within (``agentr1.env.sandbox``); None: in this process."""
 
     @classmethod
     def from_config(cls, env: EnvConfig, **changes) -> "EnvSettings":
         """The settings of ``env`` (``agentr1.config.EnvConfig``), with ``changes`` applied."""
-        return cls(**{**{f.name: getattr(env, f.name) for f in fields(cls)}, **changes})
+        limits = SandboxLimits.from_config(env.sandbox) if env.sandbox.enabled else None
+        plain = {f.name: getattr(env, f.name) for f in fields(cls) if f.name != "sandbox"}
+        return cls(**{**plain, "sandbox": limits, **changes})
 
     def __post_init__(self) -> None:
         for name in ("top_k", "max_turns", "max_query_chars"):
@@ -193,7 +198,7 @@ class ToolEnv(Environment):
         if not tools:
             raise ValueError("an environment needs at least one tool")
         check_unique(tools)
-        self._tools = {t.name: t for t in tools}
+        self._tools = {t.name: t for t in sandboxed(list(tools), settings.sandbox)}
         self._parameters = {t.name: t.parameters for t in tools}
         self.settings = settings
         self.weights = weights

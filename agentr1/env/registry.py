@@ -27,6 +27,7 @@ import importlib
 import importlib.util
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -227,7 +228,10 @@ def build_tools(cfg: Config, data_dir: Path, names: list[str] | tuple[str, ...])
     for n in names:
         entry = _TOOLS[n]
         target = _resolve(entry.make)
-        tools.append(Tool.from_callable(target(cfg, data_dir) if entry.factory else target, n))
+        if entry.factory:  # built here for its schema, and again inside its sandbox worker
+            tools.append(Tool.from_callable(target(cfg, data_dir), n, make=partial(target, cfg, data_dir)))
+        else:
+            tools.append(Tool.from_callable(target, n))
     return tools
 
 

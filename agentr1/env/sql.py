@@ -5,28 +5,37 @@ what it covers, none trusted alone:
 
 - the file is opened read-only (URI ``mode=ro``) with ``PRAGMA query_only`` on;
 - an authorizer allows only reading: ``SQLITE_SELECT``, ``SQLITE_READ``, ``SQLITE_RECURSIVE``
-  (a recursive CTE is a read; the time limit bounds it) and ``SQLITE_FUNCTION`` for the
+  (a recursive CTE is a read; the VM-step budget bounds it) and ``SQLITE_FUNCTION`` for the
   functions of :data:`ALLOWED_FUNCTIONS`. Everything else is denied at prepare time: writes,
   DDL (temp tables and views included), ``ATTACH`` (which ``VACUUM INTO`` needs too),
   ``PRAGMA``, transactions, ``load_extension`` and any function not on the list;
-- a progress handler aborts a query once it has run :attr:`SQLTool.time_limit_s` (checked
-  every :data:`PROGRESS_OPS` virtual-machine instructions, microseconds apart);
+- a progress handler aborts a query once it has run :data:`VM_STEPS` virtual-machine
+  instructions (counted every :data:`PROGRESS_OPS`): a budget of work, not of time, so whether a
+  query finishes never depends on how busy the machine is;
+- temporary tables and sorts stay in memory (``temp_store = MEMORY``: no temp files), and inside
+  a sandbox worker (``agentr1.env.sandbox``, where every tool call runs) SQLite's whole heap is
+  capped at :data:`HEAP_LIMIT_BYTES`, which bounds what the VM-step count cannot see: planning.
+  A planner bomb (nested CTEs that blow up before the first instruction runs) fails there with
+  "out of memory" in well under a second, and the worker's own memory and time limits stand
+  behind it;
 - SQLite's own limits cap one string or blob (:data:`MAX_VALUE_BYTES`, so no single instruction
-  can build a gigabyte), the columns of a result and the statement's length;
+  can build a gigabyte), the columns of a result, the statement's length (:data:`MAX_SQL_BYTES`,
+  whatever ``env.max_query_chars`` allows) and its expression depth and compound terms;
 - at most ``max_rows`` rows are fetched and the text is cut to ``max_chars``; the observation
   says so when it cuts.
 
-A query that fails (syntax, a denied action, the time limit, a bad value) raises
+A query that fails (syntax, a denied action, its budget, a bad value) raises
 :class:`~agentr1.env.tools.ToolError` with SQLite's message, which the environment shows as the
 observation and charges as a bad call. A good query's output text is a header line of column
-names then one line per row, cells joined by `` | ``; its ``keys`` are the shown cells' values
+names then one line per row, cells joined by `` | ``, every name and cell on one line (its
+whitespace collapsed), so no value can fake a row; its ``keys`` are the shown cells' values
 as strings, which the environment matches against a record's gold-chain values
 (``meta["gold_values"]``) for the process reward.
 """
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-import time
 from pathlib import Path
 
 from agentr1.env.tools import ToolError, ToolOutput
@@ -37,15 +46,23 @@ DB_FILE = "world.sqlite"
 MAX_ROWS = 10
 MAX_CHARS = 1000
 """The observation's length when the environment sets no ``max_doc_chars``."""
-TIME_LIMIT_S = 0.5
-"""Per query. The generated questions' queries are primary-key look-ups (well under 1 ms)."""
+VM_STEPS = 10_000_000
+"""Virtual-machine instructions per query (~0.1-0.5 s of work here). The generated questions'
+queries are primary-key look-ups of a few hundred instructions."""
 PROGRESS_OPS = 1000
-"""Instructions between two looks at the clock: ~10-100 us apart, so a query stops within a
-millisecond or so of its limit, and the Python callback costs well under 1% of a query."""
+"""Instructions between two calls of the progress handler (its Python callback costs well under
+1% of a query)."""
+HEAP_LIMIT_BYTES = 64 << 20
+"""SQLite's memory in a sandbox worker (``PRAGMA hard_heap_limit``, which binds every SQLite
+connection of a process: it is set only there, never in the trainer, where MLflow's store uses
+SQLite too)."""
 MAX_VALUE_BYTES = 100_000
 """SQLITE_LIMIT_LENGTH: the longest string or blob a query may build (default 1 GB)."""
 MAX_COLUMNS = 64
-MAX_SQL_BYTES = 100_000
+MAX_SQL_BYTES = 10_000
+"""SQLITE_LIMIT_SQL_LENGTH: the longest statement, whatever ``env.max_query_chars`` lets through."""
+MAX_EXPR_DEPTH = 64
+MAX_COMPOUND_SELECT = 16
 MAX_CELL_CHARS = 200
 """One cell as shown; a longer value is cut (the row and character limits still apply)."""
 CELL_SEP = " | "
@@ -87,10 +104,13 @@ def open_read_only(path: str | Path) -> sqlite3.Connection:
         raise FileNotFoundError(f"{path}: the SQL tool's database is missing")
     conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA query_only = 1")
+    conn.execute("PRAGMA temp_store = MEMORY")
     conn.text_factory = _text
     conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
     conn.setlimit(sqlite3.SQLITE_LIMIT_COLUMN, MAX_COLUMNS)
     conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_EXPR_DEPTH, MAX_EXPR_DEPTH)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_COMPOUND_SELECT, MAX_COMPOUND_SELECT)
     conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
     conn.set_authorizer(_authorize)  # last: the set-up above is the only unchecked SQL ever run
     return conn
@@ -98,7 +118,7 @@ def open_read_only(path: str | Path) -> sqlite3.Connection:
 
 def format_rows(columns: list[str], rows: list[tuple], more: bool, max_rows: int, max_chars: int) -> tuple[str, list[str]]:
     """The observation text and the shown cells' values (``keys``); a note says what was cut."""
-    lines = [CELL_SEP.join(columns)]
+    lines = [CELL_SEP.join(_cell(c) for c in columns)]
     keys: list[str] = []
     used = len(lines[0])
     shown = 0
@@ -135,15 +155,26 @@ class SQLTool:
     name = SQL_TOOL_NAME
 
     def __init__(self, db_path: str | Path, max_rows: int = MAX_ROWS, max_chars: int | None = MAX_CHARS,
-                 time_limit_s: float = TIME_LIMIT_S):
+                 vm_steps: int = VM_STEPS):
         self.db_path = Path(db_path)
-        self.max_rows, self.max_chars, self.time_limit_s = max_rows, max_chars or MAX_CHARS, time_limit_s
-        self.conn = open_read_only(db_path)
-        self._deadline = 0.0
-        self.conn.set_progress_handler(self._past_deadline, PROGRESS_OPS)
+        self.max_rows, self.max_chars, self.vm_steps = max_rows, max_chars or MAX_CHARS, vm_steps
+        self._ticks = 0
+        self._open()
 
-    def _past_deadline(self) -> int:
-        return int(time.monotonic() > self._deadline)  # nonzero aborts the query ("interrupted")
+    def _open(self) -> None:
+        self.conn = open_read_only(self.db_path)
+        self.conn.set_progress_handler(self._over_budget, PROGRESS_OPS)
+
+    def _over_budget(self) -> int:
+        self._ticks += 1
+        return int(self._ticks * PROGRESS_OPS > self.vm_steps)  # nonzero aborts the query ("interrupted")
+
+    def enter_sandbox(self) -> None:
+        """Called by the sandbox worker before the first query: cap SQLite's heap (module
+        docstring) and open a connection of its own (the worker closed what it inherited)."""
+        with contextlib.closing(sqlite3.connect(":memory:")) as conn:  # this one's authorizer denies PRAGMA
+            conn.execute(f"PRAGMA hard_heap_limit = {HEAP_LIMIT_BYTES}")
+        self._open()
 
     def __call__(self, query: str):
         """Run one read-only SQL query (SQLite) on the database and return its rows.
@@ -151,7 +182,7 @@ class SQLTool:
         Args:
             query: One SELECT statement, e.g. SELECT director FROM films WHERE title = 'Bazolun'
         """
-        self._deadline = time.monotonic() + self.time_limit_s
+        self._ticks = 0
         try:
             cursor = self.conn.execute(query)
             rows = cursor.fetchmany(self.max_rows + 1)
@@ -159,12 +190,12 @@ class SQLTool:
             cursor.close()
         except sqlite3.OperationalError as err:
             if str(err) == "interrupted":
-                raise ToolError(f"the query ran longer than {self.time_limit_s:g} s and was stopped") from None
-            raise ToolError(f"SQL error: {err}") from None
+                raise ToolError(f"the query ran more than {self.vm_steps:,} steps and was stopped") from None
+            raise ToolError(f"SQL error: {_message(err)}") from None
         except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError, MemoryError) as err:
             # Several statements (Warning), a NUL or a lone surrogate in the text (ValueError/
             # UnicodeEncodeError), an integer SQLite cannot hold: the model's query, its error.
-            raise ToolError(f"SQL error: {err}") from None
+            raise ToolError(f"SQL error: {_message(err)}") from None
         if not columns:
             raise ToolError("SQL error: not a query (only SELECT statements return rows)")
         text, keys = format_rows(columns, rows[: self.max_rows], len(rows) > self.max_rows,
@@ -173,6 +204,13 @@ class SQLTool:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _message(err: Exception) -> str:
+    """SQLite's message, or its error name where the message is empty (out of memory is)."""
+    if isinstance(err, MemoryError) or getattr(err, "sqlite_errorname", None) == "SQLITE_NOMEM":
+        return "out of memory (the query needs more than SQLite's heap limit to plan or run)"
+    return str(err) or getattr(err, "sqlite_errorname", None) or type(err).__name__
 
 
 def db_path_of(data_dir: str | Path) -> Path:

@@ -79,9 +79,13 @@ class Tool:
     schema: dict
     fn: Callable[..., Any]
     batch: Callable[[list[dict]], Sequence[Any]] | None = None
+    make: Callable[[], Any] | None = None
+    """Builds the tool's callable anew, in a sandboxed worker (``agentr1.env.sandbox``), so that it
+    opens its own files there; None: the worker uses the object it inherits."""
 
     @classmethod
-    def from_callable(cls, fn: Callable[..., Any], name: str | None = None) -> "Tool":
+    def from_callable(cls, fn: Callable[..., Any], name: str | None = None,
+                      make: Callable[[], Any] | None = None) -> "Tool":
         """The tool ``fn`` describes: its schema from its signature and docstring. ``fn`` may be an
         object whose class documents ``__call__`` (its ``name`` attribute, else the class name in
         lower case, names the tool) and may define ``batch``. ToolDefinitionError names what is
@@ -105,7 +109,7 @@ class Tool:
         # The parser refuses arguments the schema does not name; say so to the model too.
         function["parameters"]["additionalProperties"] = False
         batch = getattr(fn, "batch", None)
-        return cls(function["name"], schema, fn, batch if callable(batch) else None)
+        return cls(function["name"], schema, fn, batch if callable(batch) else None, make)
 
     @property
     def parameters(self) -> dict:

@@ -1,0 +1,275 @@
+"""The tool sandbox (agentr1/env/sandbox.py): hostile tools and hostile SQL are failed calls with
+the bad-call penalty, never a stalled, flooded or damaged run.
+
+Every case runs through a real environment's ``step_batch`` with small limits, then checks that
+the next call is answered by a fresh worker, and that the data directory, the database and the
+run directory hash the same before and after. Each case is bounded by the sandbox's own limits
+(seconds, MiB); the test's timeout stands behind them.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from agentr1.config import EnvConfig, RewardConfig
+from agentr1.data.records import QARecord, write_dataset
+from agentr1.data.sql_synth import generate
+from agentr1.env.base import EnvSettings, ToolEnv
+from agentr1.env.protocol import format_call
+from agentr1.env.rewards import RewardWeights
+from agentr1.env.sandbox import SandboxedTool, SandboxError, SandboxLimits
+from agentr1.env.sql import DB_FILE, SQLTool
+from agentr1.env.tools import Tool
+
+LIMITS = SandboxLimits(wall_s=3.0, cpu_s=0.5, memory_mb=128, disk_mb=1, output_chars=1000)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def hostile(kind: str, target: str = "") -> str:
+    """A tool that misbehaves as ``kind`` says.
+
+    Args:
+        kind: What to do.
+        target: A path outside the sandbox's scratch directory.
+    """
+    if kind == "cpu":
+        while True:
+            pass
+    if kind == "memory":
+        blocks = [bytearray(1 << 24) for _ in range(1 << 10)]  # 16 GiB, 16 MiB at a time
+        return str(len(blocks))
+    if kind == "fork":
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        return "forked"
+    if kind == "exec":
+        return str(subprocess.run(["true"]).returncode)
+    if kind == "write_outside":
+        Path(target).write_text("owned")
+        return "written"
+    if kind == "big_file":
+        Path("big.bin").write_bytes(b"x" * (8 << 20))
+        return "written"
+    if kind == "many_files":
+        for i in range(64):
+            Path(f"f{i}.bin").write_bytes(b"x" * (512 << 10))  # each under the file limit, all over it
+        return "written"
+    if kind == "slow":
+        time.sleep(60)
+    if kind == "exit":
+        os._exit(3)
+    if kind == "segfault":
+        ctypes.string_at(0)
+    if kind == "huge_output":
+        return "y" * 10_000_000
+    if kind == "signal_parent":
+        os.kill(os.getppid(), signal.SIGTERM)
+        return "signalled"
+    return f"fine {kind}"
+
+
+def _sha_tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _record() -> QARecord:
+    return QARecord(id="r0", question="q", answers=("a",), supporting_docs=(), hops=1, source="test")
+
+
+def _env(tool, limits: SandboxLimits = LIMITS) -> ToolEnv:
+    settings = EnvSettings.from_config(EnvConfig(max_turns=8, system_prompt=None, max_query_chars=100_000),
+                                       sandbox=limits)
+    return ToolEnv([Tool.from_callable(tool)], settings, RewardWeights.from_config(RewardConfig()))
+
+
+@pytest.fixture
+def guarded(tmp_path):
+    """A data and a run directory hashed before and after the test."""
+    data, run = tmp_path / "data", tmp_path / "run"
+    for d in (data, run):
+        d.mkdir()
+        (d / "keep.txt").write_text(f"{d.name} as it was")
+    before = {d: _sha_tree(d) for d in (data, run)}
+    yield data, run
+    assert {d: _sha_tree(d) for d in (data, run)} == before
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind,message", [
+    ("cpu", "CPU time"),
+    ("memory", "more than 128 MiB of memory"),
+    ("fork", "permission denied"),
+    ("exec", "permission denied"),
+    ("write_outside", "permission denied"),
+    ("big_file", "larger than 1 MiB"),
+    ("many_files", "more than 1 MiB"),
+    ("slow", "longer than 3 s"),
+    ("exit", "exited"),
+    ("segfault", "SIGSEGV"),
+])
+def test_a_hostile_tool_is_a_bad_call_and_the_next_call_works(kind, message, guarded):
+    data, run = guarded
+    target = data / "owned.txt"
+    env = _env(hostile)
+    state = env.reset(_record())
+    t0 = time.monotonic()
+    bad = env.step(state, format_call("hostile", {"kind": kind, "target": str(target)}))
+    took = time.monotonic() - t0
+    assert bad.observation.startswith("Error: tool 'hostile' failed: ") and message in bad.observation, bad.observation
+    assert bad.info["bad_call"] == 1.0 and bad.info["tool_error"] == 1.0
+    assert bad.process_reward == pytest.approx(RewardConfig().process_bad_call)
+    assert took < LIMITS.wall_s + 2.0  # no case outlives the wall-clock limit (plus a worker start)
+    good = env.step(state, format_call("hostile", {"kind": "ok"}))
+    assert good.observation == "fine ok" and good.info["valid_call"] == 1.0
+    assert not target.exists()
+
+
+def test_output_is_cut_and_writes_stay_in_scratch(guarded):
+    env = _env(hostile)
+    state = env.reset(_record())
+    out = env.step(state, format_call("hostile", {"kind": "huge_output"}))
+    assert out.observation == "y" * LIMITS.output_chars and out.info["valid_call"] == 1.0
+    tool = env.tool("hostile")
+    scratch = tool._worker.scratch
+    assert scratch is not None and scratch.is_dir() and scratch.name.startswith("agentr1-tool-hostile-")
+    tool.close()
+    assert not scratch.exists()  # a worker's scratch directory goes with it
+
+
+def test_the_parent_cannot_be_signalled_away(guarded):
+    """A signal to the parent from a tool is a syscall the worker may make; this shows what it
+    does: the parent (pytest) survives because the worker is another session's process and the
+    test runs a handler. The bound that matters is that the call is answered."""
+    env = _env(hostile)
+    old = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        out = env.step(env.reset(_record()), format_call("hostile", {"kind": "signal_parent"}))
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert out.observation == "signalled"
+
+
+def test_a_batched_tool_keeps_one_request_per_turn():
+    class Lengths:
+        name = "lengths"
+
+        def __call__(self, word: str) -> str:
+            """Length of a word.
+
+            Args:
+                word: The word.
+            """
+            return str(len(word))
+
+        def batch(self, calls: list[dict]) -> list[str]:
+            return [f"{len(c['word'])}/{len(calls)} pid {os.getpid()}" for c in calls]
+
+    env = _env(Lengths())
+    states = [env.reset(_record()) for _ in range(3)]
+    steps = env.step_batch(states, [format_call("lengths", {"word": w}) for w in ("a", "bb", "ccc")])
+    texts = [s.observation for s in steps]
+    assert [t.split(" pid ")[0] for t in texts] == ["1/3", "2/3", "3/3"]
+    pids = {t.split(" pid ")[1] for t in texts}
+    assert len(pids) == 1 and str(os.getpid()) not in pids  # one batch, answered by the worker
+
+
+def test_a_tool_that_cannot_start_stops_the_run():
+    def needs_memory(x: str) -> str:
+        """Needs more memory to start than it may have.
+
+        Args:
+            x: Anything.
+        """
+        return x
+
+    tool = SandboxedTool(Tool.from_callable(needs_memory, make=lambda: bytearray(1 << 30) and needs_memory),
+                         LIMITS)
+    with pytest.raises(SandboxError, match="building it in its sandbox failed: MemoryError"):
+        tool.run_batch([{"x": "a"}])
+
+
+def test_the_worker_dies_with_its_parent(tmp_path):
+    """kill -9 of the process that owns a sandboxed tool leaves no worker behind."""
+    script = (
+        "import os, sys, time\n"
+        "from agentr1.env.sandbox import SandboxedTool, SandboxLimits\n"
+        "from agentr1.env.tools import Tool\n"
+        "def echo(x: str) -> str:\n"
+        "    '''Echo.\n\n    Args:\n        x: Text.\n    '''\n"
+        "    return str(os.getpid())\n"
+        "t = SandboxedTool(Tool.from_callable(echo), SandboxLimits(5, 5, 64, 1, 100))\n"
+        "print(t.run_batch([{'x': 'a'}])[0][0].text, flush=True)\n"
+        "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    worker = int(proc.stdout.readline())
+    os.kill(worker, 0)  # alive
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"worker {worker} outlived its parent")
+
+
+# ----------------------------------------------------------------------------- hostile SQL
+
+
+@pytest.fixture(scope="module")
+def sql_world(tmp_path_factory):
+    data = tmp_path_factory.mktemp("sandbox_sql") / "data"
+    splits, corpus, files = generate(5, n_train=20, n_dev=5, n_test=5)
+    write_dataset(data, splits, corpus, files=files)
+    return data
+
+
+def planner_bomb(levels: int) -> str:
+    """Nested CTEs, each referring to the one before twice: SQLite inlines them while it plans,
+    so the plan doubles with every level before a single instruction runs (20 levels: 1,133
+    characters, ~5 s and a few hundred MB unbounded)."""
+    parts = ["a0 AS (SELECT 1 x)"] + [f"a{i} AS (SELECT (SELECT x FROM a{i - 1}) + (SELECT x FROM a{i - 1}) x)"
+                                      for i in range(1, levels)]
+    return "WITH " + ", ".join(parts) + f" SELECT x FROM a{levels - 1}"
+
+
+TEMP_FILE_BOMB = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 5000000) "
+                  "SELECT x FROM c ORDER BY x DESC LIMIT 1")
+"""A sort of five million rows, which SQLite spills to temporary files by default."""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("query,message", [
+    (planner_bomb(20), "out of memory"),
+    (planner_bomb(40), "out of memory"),
+    (TEMP_FILE_BOMB, "steps and was stopped"),
+])
+def test_sql_bombs_fail_cleanly_with_nothing_written(sql_world, query, message):
+    db = sql_world / DB_FILE
+    before, temp_before = _sha_tree(sql_world), set(os.listdir(tempfile.gettempdir()))
+    env = _env(SQLTool(db), SandboxLimits(wall_s=10.0, cpu_s=5.0, memory_mb=1024, disk_mb=64, output_chars=20_000))
+    state = env.reset(_record())
+    t0 = time.monotonic()
+    out = env.step(state, format_call("sql", {"query": query}))
+    took = time.monotonic() - t0
+    assert message in out.observation and out.info["bad_call"] == 1.0, out.observation
+    print(f"{len(query)} characters: {out.observation!r} in {took:.3f} s")
+    # SQLite's own limit ended it, not the worker's wall clock: the worker is the same one.
+    assert env.step(state, format_call("sql", {"query": "SELECT count(*) FROM films"})).info["valid_call"] == 1.0
+    assert _sha_tree(sql_world) == before
+    assert {n for n in set(os.listdir(tempfile.gettempdir())) - temp_before if not n.startswith("agentr1-tool-")} \
+        == set()
