@@ -39,7 +39,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agentr1.config import Config, ConfigError, _format_validation_error, apply_overrides, config_hash
 from agentr1.fsutil import write_json
 from agentr1.rundir import claim
-from agentr1.rollout.backend import Generation, SamplingSpec
 
 Kind = Literal["rl", "base", "naive_rag"]
 MetricsFn = Callable[[dict[str, float], int], None]
@@ -190,61 +189,6 @@ def finished(job: Job) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-# ----------------------------------------------------------------------------- naive RAG
-
-
-class NaiveRAGBackend:
-    """A backend whose first turn of every episode is forced: a search for the question itself.
-
-    Every later turn is forced to open with ``<answer>``; the wrapped backend writes the
-    rest. With ``env.max_turns = 2`` an episode is exactly: search the question, answer.
-    Forced tokens get log-prob 0 (this backend is for evaluation only, never for training).
-    """
-
-    def __init__(self, inner, first_turns: dict[tuple[int, ...], list[int]], answer_prefix: list[int]):
-        self.inner = inner
-        self.first_turns = first_turns
-        """Prompt ids -> ids of the forced tool call (one entry per question)."""
-        self.answer_prefix = list(answer_prefix)
-
-    def sync_weights(self, model) -> None:
-        self.inner.sync_weights(model)
-
-    def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[Generation]:
-        out: list[Generation | None] = [None] * len(prompts)
-        rest = []
-        for i, prompt in enumerate(prompts):
-            forced = self.first_turns.get(tuple(prompt))
-            if forced is None:
-                rest.append(i)
-            else:
-                out[i] = Generation(list(forced), [0.0] * len(forced), "stop")
-        if rest:
-            n = len(self.answer_prefix)
-            answer_spec = dataclasses.replace(spec, max_new_tokens=max(1, spec.max_new_tokens - n))
-            gens = self.inner.generate([prompts[i] + self.answer_prefix for i in rest], answer_spec,
-                                       [seeds[i] for i in rest])
-            for i, g in zip(rest, gens):
-                out[i] = Generation(self.answer_prefix + g.token_ids, [0.0] * n + g.logprobs, g.finish_reason)
-        return out
-
-
-def naive_rag_engine(cfg: Config, ws, model, tokenizer, chat, records: list):
-    """A rollout engine playing naive RAG on ``records``: a 2-turn environment and a backend
-    that forces the first search (``env.max_query_chars`` of the question) and the answer tag."""
-    from agentr1.env.protocol import ANSWER_START, format_tool_call
-    from agentr1.env.registry import build_env
-    from agentr1.trainer import make_engine
-
-    env = build_env(derive(cfg, ["env.max_turns=2"]), ws.data_dir)
-    engine = make_engine(cfg, env, model, tokenizer, chat, ws.device)
-    system = env.system_prompt() or None
-    first = {tuple(chat.prompt_ids(system, env.user_prompt(r))):
-             chat.turn_ids(format_tool_call(r.question[: cfg.env.max_query_chars])) for r in records}
-    engine.backend = NaiveRAGBackend(engine.backend, first, chat.prefix_ids(ANSWER_START))
-    return engine
-
-
 # ----------------------------------------------------------------------------- one run
 
 
@@ -316,7 +260,7 @@ def run_job(job: Job, ws, warmup_dir: str | Path, log_metrics: MetricsFn | None 
     A finished run is returned as it is; an unfinished RL run resumes from its checkpoint.
     Returns None when ``stop_after`` stopped training before the end (tests).
     """
-    from agentr1.trainer import _load_policy, run_eval
+    from agentr1.trainer import _load_policy, naive_rag_engine, run_eval
 
     claim(job.run_dir / JOB_FILE, job.identity())
     done = finished(job)

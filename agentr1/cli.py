@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Callable, Iterator, Sequence, get_args
 
-from agentr1.config import ConfigError, SynthConfig
+from agentr1.config import TRAIN_STAGES, ConfigError, SynthConfig
 from agentr1.data.records import DataError
 
 EXIT_OK = 0
@@ -278,11 +278,11 @@ def _setup_logging() -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from agentr1.config import load_config
-    from agentr1.trainer import STAGES, RolloutBatchError, TrainingDiverged, train
+    from agentr1.trainer import RolloutBatchError, TrainingDiverged, train
 
     cfg = load_config(args.config, args.override)
     _setup_logging()
-    stages = tuple(args.stage) if args.stage else STAGES
+    stages = tuple(args.stage) if args.stage else TRAIN_STAGES
     try:
         with stdout_to_stderr():
             summary = train(cfg, stages=stages)
@@ -323,7 +323,7 @@ def _add_config_args(p: argparse.ArgumentParser, default: str | None) -> None:
 def _add_train(subparsers: argparse._SubParsersAction) -> None:
     train = subparsers.add_parser("train", help="warm-up + masked PPO + evaluation; prints a JSON summary")
     _add_config_args(train, "conf/train.yaml")
-    train.add_argument("--stage", action="append", choices=["warmup", "ppo", "evaluate"],
+    train.add_argument("--stage", action="append", choices=list(TRAIN_STAGES),
                        help="run only this stage (repeatable; default: all, in order)")
     train.set_defaults(func=cmd_train)
 

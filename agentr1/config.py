@@ -16,6 +16,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
+TRAIN_STAGES = ("baselines", "warmup", "ppo", "evaluate")
+"""The recipe's stages in order (``agentr1 train --stage``, the DVC stages): ``baselines`` is a
+no-op unless ``eval.baselines`` names some."""
+
+
 class _Section(BaseModel):
     # NaN and inf are refused everywhere: a non-finite weight or rate can only train a NaN policy.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
@@ -133,6 +138,11 @@ class RolloutConfig(_Section):
     """``auto``: vllm where it is installed and supports the model on this device, else hf."""
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    dtype: Literal["auto", "bf16"] = "auto"
+    """The vLLM engine's weights: ``auto`` as the policy's (fp32), ``bf16`` a bf16 copy, synced
+    after each update. SmolLM2-135M sampled 229 action tokens/s in bf16 against 144 in fp32 on
+    2 cores (hf: 34; docs/experiments/2026-12-02-smollm2.md). The hf backend samples from the
+    trainer's own module, so it takes ``auto`` only."""
 
 
 class ExpertConfig(_Section):
@@ -220,6 +230,10 @@ class EvalConfig(_Section):
     """Temperature of the sampled evaluation; None uses rollout.temperature."""
     batch_size: int = Field(100, ge=1)
     render_examples: int = Field(4, ge=0)
+    baselines: list[Literal["zero_shot", "naive_rag"]] = []
+    """Untrained baselines of a pretrained model, evaluated first on the same questions
+    (``agentr1.trainer.stage_baselines``): ``zero_shot``, the instruct model as it comes;
+    ``naive_rag``, the same model answering after a forced search for the question."""
 
 
 class Config(_Section):
@@ -254,6 +268,13 @@ class Config(_Section):
         if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
             load_plugins(plugins)
         return data
+
+    @model_validator(mode="after")
+    def _check_baselines(self) -> "Config":
+        if self.eval.baselines and self.model.kind != "pretrained":
+            raise ValueError("eval.baselines: only a pretrained model has an untrained baseline "
+                             "(a from-scratch model knows nothing before its warm-up)")
+        return self
 
     @model_validator(mode="after")
     def _check_env(self) -> "Config":

@@ -64,6 +64,8 @@ class RunRecord:
     """The same metrics before RL (the warm-up's), where the run measured them."""
     curve: list[dict] = field(default_factory=list)
     """Learning-curve points ``{iteration, train_seconds, greedy/em, ...}`` (ablation runs)."""
+    baselines: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The untrained model's metrics on the same questions, by baseline (``eval.baselines``)."""
 
 
 def weights_digest(policy_dir: str | Path) -> str:
@@ -234,6 +236,27 @@ def pipeline_table(records: list[RunRecord], keys: tuple[str, ...] = HEADLINE_KE
             g = mean_std([r.final.get(k, math.nan) - r.start.get(k, math.nan) for r in records])
             cells.append(f"{_num(b[0])} -> **{_num(a[0])}** ± {_num(a[1])} (gain {_num(g[0])} ± {_num(g[1])})")
         lines.append("| " + " | ".join(cells + [""]) + " |")
+    return "\n".join(lines)
+
+
+BASELINE_LABELS = {"zero_shot": "zero-shot (the instruct model as it comes)",
+                   "naive_rag": "naive RAG (a search for the question, then the answer)"}
+
+
+def baselines_table(records: list[RunRecord], keys: tuple[str, ...] = HEADLINE_KEYS, split: str = "test") -> str:
+    """The untrained baselines beside the warm-up and the trained agent, on the same questions:
+    one row per policy, the mean over runs (± std when there are several)."""
+    names = list(dict.fromkeys(b for r in records for b in r.baselines))
+    rows = [(BASELINE_LABELS.get(b, b), [r.baselines.get(b, {}) for r in records]) for b in names]
+    rows += [("warm-up (supervised, on the demonstrations)", [r.start for r in records]),
+             ("after PPO", [r.final for r in records])]
+    lines = ["| policy | " + " | ".join(f"{split} {k}" for k in keys) + " |", "|---|" + "---:|" * len(keys)]
+    for label, metrics in rows:
+        cells = []
+        for k in keys:
+            mean, std = mean_std([m.get(k, math.nan) for m in metrics])
+            cells.append(_num(mean) + (f" ± {_num(std)}" if len(metrics) > 1 else ""))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -30,7 +30,7 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import gather_object, get_int_from_env
 
 from agentr1 import checkpoint as ckpt
-from agentr1.config import Config, ConfigError
+from agentr1.config import TRAIN_STAGES, Config, ConfigError
 from agentr1.data.records import (DataError, QARecord, generation_needed, load_corpus_dir, load_dataset, split_path,
                                   write_dataset)
 from agentr1.env.agents import run_episodes
@@ -127,7 +127,12 @@ def make_engine(cfg: Config, env: Environment, model, tokenizer, chat, device) -
     from agentr1.rollout.vllm_backend import VLLMBackend, resolve_backend
 
     if resolve_backend(cfg.rollout.backend, model.policy, device) == "vllm":
-        backend = VLLMBackend(model.policy, device, max_model_len=cfg.env.max_context_tokens, seed=cfg.seed)
+        dtype = torch.bfloat16 if cfg.rollout.dtype == "bf16" else None
+        backend = VLLMBackend(model.policy, device, max_model_len=cfg.env.max_context_tokens, seed=cfg.seed,
+                              dtype=dtype)
+    elif cfg.rollout.dtype != "auto":
+        raise ConfigError(f"rollout.dtype={cfg.rollout.dtype}: the hf backend samples from the trainer's own "
+                          "weights; use rollout.backend=vllm (make setup installs its CPU build) or rollout.dtype=auto")
     else:
         backend = HFBackend(model.policy, chat.pad_token_id, device)
     settings = RolloutSettings(cfg.env.max_turn_tokens, cfg.env.max_context_tokens,
@@ -370,8 +375,9 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     value_r2 = None
     if sft.value_fit_episodes:
         n = min(sft.value_fit_episodes, len(episodes))
-        value_r2 = fit_value_head(model, value_fit_batches(episodes[:n], transcripts[:n], chat.pad_token_id,
-                                                           ws.device))
+        with acc.autocast():  # the trunk's forward passes at the training precision (bf16: ~3x faster)
+            value_r2 = fit_value_head(model, value_fit_batches(episodes[:n], transcripts[:n], chat.pad_token_id,
+                                                               ws.device))
         log.info("warm-up: value head fitted to %d demonstrations' returns, R^2 %.3f", n, value_r2)
     out = Path(cfg.output_dir) / WARMUP_DIR
     save_actor_critic(model, tokenizer, out)
@@ -557,6 +563,7 @@ class PPOSession:
         t1 = time.time()
         with self.acc.autocast():
             scored, score_m = score_batch(self.model, self.ref_model, batch, self.hp, self.acc)
+        t_score = time.time() - t1
         if not (math.isfinite(score_m["actor/ref_kl"]) and math.isfinite(score_m["critic/advantages_abs"])):
             raise TrainingDiverged(f"{where}: the batch scores to non-finite log-probs or advantages "
                                    f"(KL to the reference {score_m['actor/ref_kl']}, "
@@ -568,10 +575,13 @@ class PPOSession:
         self.scheduler.step()
         self.model.eval()
         assert_finite_outputs(self.policy, batch.input_ids, batch.attention_mask, where)
-        t_upd = time.time() - t1
+        t_upd = time.time() - t1 - t_score
         t_roll = getattr(self, "_t_rollout", 0.0)
+        # An iteration's time in three parts: sampling, scoring (old/reference log-probs, values,
+        # advantages), and the epochs of minibatch updates.
         metrics = {**rollout_metrics(trajs), **score_m, **upd_m,
-                   "perf/rollout_s": t_roll, "perf/update_s": t_upd, "perf/iter_s": t_roll + t_upd,
+                   "perf/rollout_s": t_roll, "perf/score_s": t_score, "perf/update_s": t_upd,
+                   "perf/iter_s": t_roll + t_score + t_upd,
                    "perf/rollout_action_tokens_per_s": sum(t.n_action_tokens for t in trajs) / max(t_roll, 1e-9),
                    "perf/update_tokens_per_s": int(batch.attention_mask.sum()) * p.epochs / max(t_upd, 1e-9),
                    "time/elapsed_s": self._t_offset + time.time() - self._t_open, "iteration": float(it + 1)}
@@ -651,12 +661,18 @@ def train_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None,
 # ----------------------------------------------------------------------------- evaluation
 
 
+def eval_records(cfg: Config, ws: Workspace, split: str | None = None) -> list[QARecord]:
+    """The questions an evaluation plays: split ``split`` (default ``eval.split``), its first
+    ``eval.max_examples`` when that is set."""
+    records = ws.split(split or cfg.eval.split)
+    return records[: cfg.eval.max_examples] if cfg.eval.max_examples else records
+
+
 def run_eval(cfg: Config, ws: Workspace, model, tokenizer, chat, tag: str, split: str | None = None,
              engine: RolloutEngine | None = None) -> EvalResult:
     """Evaluate greedy and sampled on a split; writes eval_{tag}.json and trajectories_{tag}.txt.
-    ``engine`` replaces the default one (e.g. the naive-RAG baseline's, in agentr1.ablation)."""
-    split = split or cfg.eval.split
-    records = ws.split(split)[: cfg.eval.max_examples] if cfg.eval.max_examples else ws.split(split)
+    ``engine`` replaces the default one (e.g. :func:`naive_rag_engine`'s)."""
+    records = eval_records(cfg, ws, split)
     engine = engine or make_engine(cfg, ws.env, model, tokenizer, chat, ws.device)
     temp = cfg.eval.sampled_temperature or cfg.rollout.temperature
     result = evaluate(engine, records, seed=cfg.seed + 12_345, sampled_temperature=temp,
@@ -671,6 +687,40 @@ def run_eval(cfg: Config, ws: Workspace, model, tokenizer, chat, tag: str, split
             shown.append(f"## {mode}\n" + render_trajectory(t, tokenizer, questions[t.record_id]))
     (out / f"trajectories_{tag}.txt").write_text("\n\n".join(shown) + "\n")
     return result
+
+
+def naive_rag_engine(cfg: Config, ws: Workspace, model, tokenizer, chat, records: list) -> RolloutEngine:
+    """A rollout engine playing naive RAG on ``records`` (:mod:`agentr1.rollout.forced`): a
+    2-turn environment, the first turn forced to a search for the question (its first
+    ``env.max_query_chars`` characters), the second to open with the answer tag."""
+    from agentr1.env.protocol import ANSWER_START, format_tool_call
+    from agentr1.rollout.forced import NaiveRAGBackend
+
+    env = build_env(cfg.model_copy(update={"env": cfg.env.model_copy(update={"max_turns": 2})}), ws.data_dir)
+    engine = make_engine(cfg, env, model, tokenizer, chat, ws.device)
+    system = env.system_prompt() or None
+    first = {tuple(chat.prompt_ids(system, env.user_prompt(r))):
+             chat.turn_ids(format_tool_call(r.question[: cfg.env.max_query_chars])) for r in records}
+    engine.backend = NaiveRAGBackend(engine.backend, first, chat.prefix_ids(ANSWER_START))
+    return engine
+
+
+def stage_baselines(cfg: Config, ws: Workspace) -> dict[str, dict[str, float]]:
+    """The untrained model of a pretrained run (``eval.baselines``) on the evaluation split, played
+    and scored exactly as the trained agent will be: ``zero_shot`` (the instruct model as it comes,
+    told the tool protocol only by the environment's instructions) and ``naive_rag`` (the same
+    model after a forced search for the question). Writes ``eval_<baseline>.json`` and
+    ``trajectories_<baseline>.txt``; returns their metrics by baseline."""
+    model, tokenizer, chat = build_model(cfg, ws, [], [])
+    model.eval()
+    out = {}
+    for name in cfg.eval.baselines:
+        log.info("baseline %s: evaluating the untrained %s on %s", name, cfg.model.name_or_path, cfg.eval.split)
+        engine = naive_rag_engine(cfg, ws, model, tokenizer, chat, eval_records(cfg, ws)) if name == "naive_rag" \
+            else None
+        out[name] = run_eval(cfg, ws, model, tokenizer, chat, name, engine=engine).metrics
+        log.info("baseline %s: greedy EM %.3f, sampled EM %.3f", name, out[name]["greedy/em"], out[name]["sampled/em"])
+    return out
 
 
 def _load_policy(cfg: Config, ws: Workspace, name: str):
@@ -728,19 +778,19 @@ def stage_evaluate(cfg: Config, ws: Workspace) -> dict:
     before = json.loads((out / "eval_warmup.json").read_text())
     summary = {"warmup": before, "final": after.metrics, "output_dir": str(out),
                "gain": {k: after.metrics[k] - before[k] for k in ("greedy/em", "sampled/em", "greedy/f1", "sampled/f1")}}
+    baselines = {b: out / f"eval_{b}.json" for b in cfg.eval.baselines}
+    if baselines:
+        summary["baselines"] = {b: json.loads(p.read_text()) for b, p in baselines.items() if p.exists()}
     write_json(out / "summary.json", summary)
     return summary
 
 
-STAGES = ("warmup", "ppo", "evaluate")
-
-
-def train(cfg: Config, log_metrics: MetricsFn | None = None, stages: tuple[str, ...] = STAGES) -> dict:
+def train(cfg: Config, log_metrics: MetricsFn | None = None, stages: tuple[str, ...] = TRAIN_STAGES) -> dict:
     """The recipe, or some of its stages (``dvc.yaml`` runs them one by one); returns a
     summary with test EM before and after PPO and the seconds each stage took."""
-    unknown = set(stages) - set(STAGES)
+    unknown = set(stages) - set(TRAIN_STAGES)
     if unknown:
-        raise ValueError(f"unknown stage(s) {sorted(unknown)}; choose from {STAGES}")
+        raise ValueError(f"unknown stage(s) {sorted(unknown)}; choose from {TRAIN_STAGES}")
     if launched_processes() > 1 and set(stages) - {"ppo"}:
         raise ConfigError(f"stages {sorted(set(stages) - {'ppo'})} run in one process; under accelerate launch "
                           "with several processes run --stage ppo only (agentr1/rl/distributed.py)")
@@ -753,11 +803,13 @@ def train(cfg: Config, log_metrics: MetricsFn | None = None, stages: tuple[str, 
     claim_run_dir(cfg.output_dir)
     seconds: dict[str, float] = {}
     summary: dict = {}
-    for stage in STAGES:
-        if stage not in stages:
+    for stage in TRAIN_STAGES:
+        if stage not in stages or (stage == "baselines" and not cfg.eval.baselines):
             continue
         t0 = time.time()
-        if stage == "warmup":
+        if stage == "baselines":
+            summary["baselines"] = stage_baselines(cfg, ws)
+        elif stage == "warmup":
             summary["warmup"] = stage_warmup(cfg, ws, log_metrics).metrics
         elif stage == "ppo":
             summary["iterations"] = len(stage_ppo(cfg, ws, log_metrics))

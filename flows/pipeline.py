@@ -27,8 +27,8 @@ from tasks.data import DataVersion, prepare_data, validate_data
 from tasks.params import PipelineParams, TrainForm, resolve_config
 from tasks.registry import DOWNLOADS_DIR, Promotion, fetch_model, promote_if_better, qualified_ref, register_policy
 from tasks.report import Progress, metrics_table, publish_summary
-from tasks.training import (IterationResult, completed_iterations, evaluate_policy, ppo_iteration,
-                            save_final_policy, warm_up)
+from tasks.training import (IterationResult, completed_iterations, evaluate_baselines, evaluate_policy,
+                            ppo_iteration, save_final_policy, warm_up)
 
 SYSTEM_METRICS_INTERVAL_S = 10.0
 HEADLINE = ("greedy/em", "sampled/em", "greedy/f1", "sampled/f1")
@@ -44,6 +44,7 @@ class Candidate:
     warmup: dict[str, float]
     final: dict[str, float]
     iterations: list[IterationResult]
+    baselines: dict[str, dict[str, float]]
 
     @property
     def gain(self) -> dict[str, float]:
@@ -105,6 +106,7 @@ def train_candidate(cfg: Config, form: TrainForm, run_id: str, kind: str) -> Can
     diverges is tagged so (``tracking.TAG_DIVERGED``) and fails: nothing of it is registered."""
     data = prepare_data(cfg, form.data, run_id)
     validate_data(data)
+    baselines = evaluate_baselines(cfg, run_id)
     try:
         warm_dir = warm_up(cfg, run_id)
         before = evaluate_policy(cfg, warm_dir, "warmup", run_id=run_id)
@@ -114,7 +116,7 @@ def train_candidate(cfg: Config, form: TrainForm, run_id: str, kind: str) -> Can
         raise
     final_dir = save_final_policy(cfg, run_id)
     after = evaluate_policy(cfg, final_dir, "final", run_id=run_id)
-    return Candidate(cfg.output_dir, data, final_dir, before, after, iterations)
+    return Candidate(cfg.output_dir, data, final_dir, before, after, iterations, baselines)
 
 
 def challenge_champion(cfg: Config, version: str, scores: dict[str, float], form: PipelineParams,
@@ -140,7 +142,8 @@ def summary_sections(c: Candidate, version: str, decision: Promotion, name: str)
     last = c.iterations[-1].rollout_version if c.iterations else "none"
     return [
         "## Test metrics before and after RL", "",
-        metrics_table({"warm-up": c.warmup, "final": c.final}), "",
+        metrics_table({**{name.replace("_", "-"): m for name, m in c.baselines.items()},
+                       "warm-up": c.warmup, "final": c.final}), "",
         "## Registry", "",
         f"- `{name}` version **{version}**; champion now **v{decision.champion_after}** "
         f"({'promoted' if decision.promoted else 'kept'}: {decision.reason})", "",
@@ -168,6 +171,7 @@ def run_training_flow(kind: str, form: PipelineParams) -> dict:
                         run_id)
     summary = {"run_id": run_id, "output_dir": cand.output_dir, "data": asdict(cand.data), "split": cfg.eval.split,
                "warmup": cand.warmup, "final": cand.final, "gain": cand.gain, "iterations": len(cand.iterations),
+               **({"baselines": cand.baselines} if cand.baselines else {}),
                "registered_model": name, "registered_version": version, "promotion": asdict(decision)}
     Path(cand.output_dir, "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
     return summary

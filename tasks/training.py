@@ -28,7 +28,7 @@ from agentr1.config import Config, config_hash
 from agentr1.fsutil import write_json
 from agentr1.rundir import claim_run_dir
 from agentr1.trainer import (FINAL_DIR, LAST_DIR, WARMUP_DIR, PPOSession, Workspace, check_demonstrable,
-                             finished_warmup, run_eval, warmup)
+                             finished_warmup, run_eval, stage_baselines, warmup)
 from tasks import tracking
 from tasks.data import publish_failure
 from tasks.validation import validate_rollouts
@@ -99,6 +99,24 @@ def warm_up(cfg: Config, run_id: str | None = None) -> str:
     else:
         warmup(cfg, ws, metrics_logger(run_id))
     return str(out)
+
+
+@task(name="evaluate-baselines", cache_policy=NO_CACHE)
+def evaluate_baselines(cfg: Config, run_id: str | None = None) -> dict[str, dict[str, float]]:
+    """The untrained model's baselines (``eval.baselines``: zero-shot, naive RAG) on the evaluation
+    split, logged as ``eval/<baseline>/...`` with their transcripts; {} when there are none."""
+    if not cfg.eval.baselines:
+        return {}
+    ws = workspace(cfg)
+    claim_run_dir(cfg.output_dir)
+    results = stage_baselines(cfg, ws)
+    if run_id:
+        out = Path(cfg.output_dir)
+        for name, metrics in results.items():
+            tracking.log_metrics(run_id, metrics, step=0, prefix=f"eval/{name}/")
+            tracking.log_artifacts(run_id, out / f"eval_{name}.json", out / f"trajectories_{name}.txt",
+                                   artifact_path="evaluation")
+    return results
 
 
 @task(name="validate-rollouts", task_run_name="validate-rollouts-{iteration}", cache_policy=NO_CACHE)

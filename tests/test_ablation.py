@@ -16,7 +16,6 @@ from agentr1.ablation import (
     VANILLA,
     VARIANTS,
     CurveSettings,
-    NaiveRAGBackend,
     claim,
     efficiency,
     efficiency_markdown,
@@ -31,7 +30,6 @@ from agentr1.ablation import (
     summarize,
 )
 from agentr1.config import ConfigError
-from agentr1.rollout.backend import Generation, SamplingSpec
 from tasks import tracking
 from tasks.ablation import AblationParams, RunnerSettings, base_config, load_spec, plan, task_runner
 
@@ -220,29 +218,6 @@ def test_curve_iterations_include_the_start_and_the_end():
 
 
 # ----------------------------------------------------------------------------- naive RAG
-
-
-class Recorder:
-    """A backend that answers every prompt with tokens [7, 8] and remembers the prompts."""
-
-    def __init__(self):
-        self.calls: list[tuple[list[list[int]], SamplingSpec]] = []
-
-    def generate(self, prompts, spec, seeds):
-        self.calls.append((prompts, spec))
-        return [Generation([7, 8], [-0.5, -0.25], "stop") for _ in prompts]
-
-
-def test_naive_rag_forces_the_search_then_the_answer_tag():
-    inner = Recorder()
-    backend = NaiveRAGBackend(inner, first_turns={(1, 2): [50, 51, 52]}, answer_prefix=[90])
-    spec = SamplingSpec(10, (99,), temperature=1.0)
-    first = backend.generate([[1, 2]], spec, seeds=[0])
-    assert first[0].token_ids == [50, 51, 52] and first[0].logprobs == [0.0] * 3 and not inner.calls
-    answer = backend.generate([[1, 2, 50, 51, 52, 60]], spec, seeds=[0])
-    (prompts, inner_spec), = inner.calls
-    assert prompts == [[1, 2, 50, 51, 52, 60, 90]] and inner_spec.max_new_tokens == 9
-    assert answer[0].token_ids == [90, 7, 8] and answer[0].logprobs == [0.0, -0.5, -0.25]
 
 
 # ----------------------------------------------------------------------------- the flow

@@ -452,6 +452,32 @@ def test_pretrained_warm_up_without_steps_plays_no_expert(qwen_dir, tmp_path):
     assert (tmp_path / "run/warmup/value_head.safetensors").exists()
 
 
+def test_baselines_of_a_pretrained_model_are_played_like_the_agent(qwen_dir, tmp_path):
+    """eval.baselines: the untrained model zero-shot, and naive RAG (its first turn forced to a
+    search for the question, its second to open with the answer tag), on the evaluation split,
+    written beside the agent's evaluations; a from-scratch model has no such baseline."""
+    from agentr1.config import ConfigError, load_config
+    from agentr1.env.protocol import format_tool_call
+    from agentr1.trainer import Workspace, train
+
+    base = [f"data.dir={tmp_path / 'data'}", f"output_dir={tmp_path / 'run'}", "data.synth.n_train=8",
+            "data.synth.n_dev=2", "data.synth.n_test=3", "rollout.backend=hf", "env.max_turn_tokens=6"]
+    with pytest.raises(ConfigError, match="only a pretrained model"):
+        load_config("conf/train.yaml", [*base, "eval.baselines=[zero_shot]"])
+    cfg = load_config("conf/train.yaml", [*base, "model.kind=pretrained", f"model.name_or_path={qwen_dir}",
+                                          "eval.baselines=[zero_shot, naive_rag]", "eval.render_examples=3"])
+    summary = train(cfg, stages=("baselines",))
+    assert set(summary["baselines"]) == {"zero_shot", "naive_rag"}
+    for name in ("zero_shot", "naive_rag"):
+        metrics = json.loads((tmp_path / "run" / f"eval_{name}.json").read_text())
+        assert metrics["greedy/n"] == metrics["sampled/n"] == 3 and metrics == summary["baselines"][name]
+    naive = (tmp_path / "run" / "trajectories_naive_rag.txt").read_text()
+    questions = [r.question for r in Workspace.build(cfg).split("test")]
+    assert all(f"▶ {format_tool_call(q)}" in naive for q in questions)  # the forced search, as an action
+    assert naive.count("▶ <answer>") == 6  # the second turn opens with the answer tag, greedy and sampled
+    assert not (tmp_path / "run" / "warmup").exists()  # nothing trained
+
+
 def test_bf16_on_cpu_switches_to_eager_attention_with_the_same_outputs(tok):
     from models.policy import attention_for_precision
 

@@ -2,6 +2,7 @@
 warm-ups kept apart from the spread over PPO seeds, every number traced to its run."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -10,7 +11,7 @@ import pytest
 from test_ablation import TINY_ABLATION
 
 from agentr1.ablation import FULL
-from agentr1.report import (Claim, Provenance, RunRecord, ablation_table, ordering, pipeline_table,
+from agentr1.report import (Claim, Provenance, RunRecord, ablation_table, baselines_table, ordering, pipeline_table,
                             provenance_markdown, provenance_summary, spread, weights_digest)
 from tasks import tracking
 
@@ -68,6 +69,20 @@ def test_the_pipeline_table_gives_each_run_and_the_mean_gain():
     assert "| 1 | 0 | 0.500 -> **0.900** (+0.400) |" in text
     assert "0.500 -> **0.800** ± 0.141 (gain 0.300 ± 0.141)" in text
     assert "`run-pipeline-seed 1-1`" in text
+
+
+def test_the_baselines_table_puts_the_untrained_model_beside_the_agent():
+    runs = [dataclasses.replace(record("pipeline", f"seed {s}", s, 0.9 - 0.2 * s, start=0.4),
+                                baselines={"zero_shot": {"greedy/em": 0.0, "sampled/em": 0.0},
+                                           "naive_rag": {"greedy/em": 0.1 + 0.1 * s, "sampled/em": 0.05}})
+            for s in (0, 1)]
+    lines = baselines_table(runs).splitlines()
+    assert lines[0] == "| policy | test greedy/em | test sampled/em |"
+    assert lines[2] == "| zero-shot (the instruct model as it comes) | 0.000 ± 0.000 | 0.000 ± 0.000 |"
+    assert lines[3] == "| naive RAG (a search for the question, then the answer) | 0.150 ± 0.071 | 0.050 ± 0.000 |"
+    assert lines[4].startswith("| warm-up (supervised, on the demonstrations) | 0.400 ± 0.000 |")
+    assert lines[5] == "| after PPO | 0.800 ± 0.141 | 0.400 ± 0.071 |"
+    assert "±" not in baselines_table(runs[:1])  # one run: no spread to show
 
 
 @pytest.fixture(scope="module")

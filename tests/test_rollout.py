@@ -10,6 +10,7 @@ from agentr1.rl.ppo import forward_tokens
 from agentr1.rollout.backend import Generation, HFBackend, SamplingSpec, _GumbelStream, _sample, sample_next
 from agentr1.rollout.batch import collate
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings
+from agentr1.rollout.forced import NaiveRAGBackend
 from models.policy import ModelSpec, build_policy
 
 
@@ -290,3 +291,26 @@ def test_a_shared_prompt_prefix_is_prefilled_once_and_samples_the_same(world, mo
     assert [g.token_ids for g in once] == [g.token_ids for g in whole]
     for a, b in zip(once, whole):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+class Recorder:
+    """A backend that answers every prompt with tokens [7, 8] and remembers the prompts."""
+
+    def __init__(self):
+        self.calls: list[tuple[list[list[int]], SamplingSpec]] = []
+
+    def generate(self, prompts, spec, seeds):
+        self.calls.append((prompts, spec))
+        return [Generation([7, 8], [-0.5, -0.25], "stop") for _ in prompts]
+
+
+def test_naive_rag_forces_the_search_then_the_answer_tag():
+    inner = Recorder()
+    backend = NaiveRAGBackend(inner, first_turns={(1, 2): [50, 51, 52]}, answer_prefix=[90])
+    spec = SamplingSpec(10, (99,), temperature=1.0)
+    first = backend.generate([[1, 2]], spec, seeds=[0])
+    assert first[0].token_ids == [50, 51, 52] and first[0].logprobs == [0.0] * 3 and not inner.calls
+    answer = backend.generate([[1, 2, 50, 51, 52, 60]], spec, seeds=[0])
+    (prompts, inner_spec), = inner.calls
+    assert prompts == [[1, 2, 50, 51, 52, 60, 90]] and inner_spec.max_new_tokens == 9
+    assert answer[0].token_ids == [90, 7, 8] and answer[0].logprobs == [0.0, -0.5, -0.25]

@@ -162,3 +162,22 @@ def test_a_lora_policy_is_served_with_its_adapters_merged(world):
     assert logp_gap(world["model"], lora, pad)[0] > 100 * LOGP_TOL
     # The fixture's backend takes the shared engine back with its own weights.
     assert logp_gap(world["model"], engine(world).run(records, seed=9), pad)[0] < LOGP_TOL
+
+
+def test_a_bf16_engine_beside_an_fp32_trainer_samples_the_trainers_policy(world):
+    """rollout.dtype=bf16: the engine holds a bf16 copy (its own engine: another dtype is another
+    shape), cast from the fp32 weights at start and at every sync; its log-probs stay within
+    bf16's rounding of the trainer's, and a sync after an update is seen."""
+    pad, records = world["chat"].pad_token_id, world["splits"]["test"][:8]
+    bf16 = VLLMBackend(world["model"].policy, max_model_len=MAX_LEN, dtype=torch.bfloat16)
+    assert bf16.llm is not world["backend"].llm
+    close_max, close_mean = logp_gap(world["model"], engine(world, backend=bf16).run(records, seed=4), pad)
+    model = copy.deepcopy(world["model"])
+    with torch.no_grad():
+        for p in model.policy.parameters():
+            p.mul_(1.5)  # another policy
+    bf16.sync_weights(model.policy)
+    after_max, after_mean = logp_gap(model, engine(world, backend=bf16).run(records, seed=4), pad)
+    print(f"\nbf16 engine against the fp32 trainer: mean |gap| {close_mean:.4f}, after a sync {after_mean:.4f}")
+    assert close_mean < 0.05 and after_mean < 0.05
+    assert logp_gap(world["model"], engine(world, backend=bf16).run(records, seed=4), pad)[1] > 10 * close_mean

@@ -126,12 +126,13 @@ class VLLMBackend:
     ``policy`` is a transformers causal LM (optionally a peft LoRA model; adapters are merged
     into the copy). Samples come from the weights of the last :meth:`sync_weights` (or of
     construction), unlike ``HFBackend``, which reads the live module: call it after each
-    update. Backends for the same model shape share one engine; a backend that generates
-    after another one used it reloads its policy's weights first.
+    update. Backends for the same model shape and ``dtype`` share one engine; a backend that
+    generates after another one used it reloads its policy's weights first. ``dtype``: the
+    engine's (None: the policy's); a bf16 engine beside an fp32 trainer is cast at each sync.
     """
 
     def __init__(self, policy: torch.nn.Module, device: str | torch.device = "cpu",
-                 max_model_len: int | None = None, seed: int = 0):
+                 max_model_len: int | None = None, seed: int = 0, dtype: torch.dtype | None = None):
         reason = unsupported_reason(policy, device)
         if reason:
             raise RuntimeError(f"rollout.backend=vllm: {reason}")
@@ -141,12 +142,13 @@ class VLLMBackend:
         self._top_p_warned = False
         base = _base_lm(policy)
         max_model_len = max_model_len or base.config.max_position_embeddings
-        key = (_shape(base.config), str(base.dtype), str(self.device), max_model_len)
+        dtype = dtype or base.dtype
+        key = (_shape(base.config), str(dtype), str(self.device), max_model_len)
         if key in _ENGINES:
             self._engine = _ENGINES[key]
             self.sync_weights(policy)
         else:
-            self._engine = _ENGINES[key] = _Engine(_start_engine(policy, self.device, max_model_len, seed),
+            self._engine = _ENGINES[key] = _Engine(_start_engine(policy, self.device, max_model_len, seed, dtype),
                                                    self._token)
 
     @property
@@ -241,7 +243,8 @@ def preserved_rng() -> Iterator[None]:
         ckpt.set_rng_state(state)
 
 
-def _start_engine(policy: torch.nn.Module, device: torch.device, max_model_len: int, seed: int):
+def _start_engine(policy: torch.nn.Module, device: torch.device, max_model_len: int, seed: int,
+                  dtype: torch.dtype):
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # see the module docstring
     _patch_llvmlite_for_vllm_scan()
     from vllm import LLM
@@ -254,7 +257,7 @@ def _start_engine(policy: torch.nn.Module, device: torch.device, max_model_len: 
         with torch.no_grad():
             base.save_pretrained(model_dir, state_dict=dict(hf_weights(policy)))
         llm = LLM(
-            model=model_dir, skip_tokenizer_init=True, dtype=str(base.dtype).removeprefix("torch."), seed=seed,
+            model=model_dir, skip_tokenizer_init=True, dtype=str(dtype).removeprefix("torch."), seed=seed,
             max_model_len=max_model_len, enable_prefix_caching=True,
             # A chunked prefill discards that step's sample and rewinds the request's seeded
             # generator, which a CPU generator cannot do ("CPU Generator does not use offset");
