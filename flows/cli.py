@@ -37,11 +37,9 @@ OWN_LOGGER = "agentr1"  # the engine's and the tasks' loggers (agentr1.train, ag
 # Routine lines a flow run repeats, by logger: left out by default (-v keeps them), from the console
 # and so from the flow run's log too, where the task runs and their states say the same.
 ROUTINE = {
-    # Per-iteration task ends: the engine's own "iter N/M em ... reward ..." line says more, once
-    # (the Prefect UI still lists every task run with its state).
-    "prefect.task_runs": re.compile(r"(ppo-iteration|validate-rollouts)-\d+: Finished in state Completed"),
-    # Every iteration task re-opens the session from the previous iteration's checkpoint.
-    "agentr1.train": re.compile(r"resuming PPO at iteration"),
+    # The per-iteration validation task's end: the engine's own "iter N/M em ... reward ..." line
+    # says more, once (the Prefect UI still lists every task run with its state).
+    "prefect.task_runs": re.compile(r"validate-rollouts-\d+: Finished in state Completed"),
     # Every Great Expectations validation makes a temporary docs site (its logger is set to INFO
     # when imported, so a level set here would not hold).
     "great_expectations.data_context.types.base": re.compile(r"Created temporary directory"),

@@ -26,9 +26,9 @@ from tasks import tracking
 from tasks.data import DataVersion, prepare_data, validate_data
 from tasks.params import PipelineParams, TrainForm, resolve_config
 from tasks.registry import DOWNLOADS_DIR, Promotion, fetch_model, promote_if_better, qualified_ref, register_policy
-from tasks.report import Progress, metrics_table, publish_summary
-from tasks.training import (IterationResult, completed_iterations, evaluate_baselines, evaluate_policy,
-                            ppo_iteration, save_final_policy, warm_up)
+from tasks.report import metrics_table, publish_summary
+from tasks.training import (IterationResult, evaluate_baselines, evaluate_policy, ppo_iterations,
+                            save_final_policy, warm_up)
 
 SYSTEM_METRICS_INTERVAL_S = 10.0
 HEADLINE = ("greedy/em", "sampled/em", "greedy/f1", "sampled/f1")
@@ -84,23 +84,6 @@ def crash_orphaned_flow_runs(experiment: str) -> list[str]:
     return crashed
 
 
-def train_ppo(cfg: Config, run_id: str, kind: str) -> list[IterationResult]:
-    """The PPO iterations still to do (resuming after the last checkpoint), one task each,
-    with a progress artifact updated after every iteration."""
-    total, start = cfg.ppo.iterations, completed_iterations(cfg)
-    progress = Progress.start(f"{kind}-ppo-progress", total, f"PPO iterations of {cfg.output_dir}")
-    results: list[IterationResult] = []
-    for it in range(start + 1, total + 1):
-        res = ppo_iteration(cfg, it, run_id)
-        results.append(res)
-        m = res.metrics
-        progress.update(it, f"iteration {it}/{total}: rollout EM {m['rollout/em']:.3f}, "
-                            f"reward {m['reward/total']:.3f}, KL {m['actor/ref_kl']:.4f}")
-    if start >= total:
-        progress.update(total, f"all {total} iterations were already in {cfg.output_dir}")
-    return results
-
-
 def train_candidate(cfg: Config, form: TrainForm, run_id: str, kind: str) -> Candidate:
     """Data -> validation -> warm-up -> PPO -> final policy, each stage evaluated. A run that
     diverges is tagged so (``tracking.TAG_DIVERGED``) and fails: nothing of it is registered."""
@@ -110,7 +93,7 @@ def train_candidate(cfg: Config, form: TrainForm, run_id: str, kind: str) -> Can
     try:
         warm_dir = warm_up(cfg, run_id)
         before = evaluate_policy(cfg, warm_dir, "warmup", run_id=run_id)
-        iterations = train_ppo(cfg, run_id, kind)
+        iterations = ppo_iterations(cfg, run_id, f"{kind}-ppo-progress")
     except TrainingDiverged as e:
         tracking.mark_diverged(run_id, str(e))
         raise

@@ -1,12 +1,12 @@
-"""Training tasks: warm-up, one PPO iteration, the final checkpoint, evaluation.
+"""Training tasks: baselines, warm-up, the PPO iterations, the final checkpoint, evaluation.
 
-Thin wrappers over :mod:`agentr1.trainer`. Tasks pass paths and run ids, never models: each
-PPO iteration opens a :class:`~agentr1.trainer.PPOSession` from the last checkpoint and runs
-the engine's one iteration (:meth:`~agentr1.trainer.PPOSession.iterate`: collect, check,
-update), storing the batch as a versioned Parquet dataset under the run and validating that
-file with Great Expectations before the update; then it saves the checkpoint. A batch that
-fails validation stops the iteration before the update, so the checkpoint on disk stays the
-previous one.
+Thin wrappers over :mod:`agentr1.trainer`. Tasks pass paths and run ids, never models. The PPO
+task opens one :class:`~agentr1.trainer.PPOSession` (from the last checkpoint when there is one)
+and runs the engine's loop, :func:`~agentr1.trainer.run_ppo`, the same one ``agentr1 train``
+runs, with checkpoints on the config's schedule; before each update it stores the batch as a
+versioned Parquet dataset under the run and validates that file with Great Expectations (a
+nested task per iteration). A batch that fails validation stops the run before the update, so
+the checkpoint on disk stays the last good one.
 
 Run layout (``cfg.output_dir``): the trainer's (``warmup/``, ``checkpoints/last/``, ``final/``,
 ``eval_*.json``, ``trajectories_*.txt``) plus ``rollouts/iter-NNNN.parquet``.
@@ -27,10 +27,12 @@ from agentr1 import checkpoint as ckpt
 from agentr1.config import Config, config_hash
 from agentr1.fsutil import write_json
 from agentr1.rundir import claim_run_dir
+from agentr1.rollout.store import RolloutDatasetInfo
 from agentr1.trainer import (FINAL_DIR, LAST_DIR, WARMUP_DIR, PPOSession, Workspace, check_demonstrable,
-                             finished_warmup, run_eval, stage_baselines, warmup)
+                             finished_warmup, run_eval, run_ppo, stage_baselines, warmup)
 from tasks import tracking
 from tasks.data import publish_failure
+from tasks.report import Progress
 from tasks.validation import validate_rollouts
 
 log = logging.getLogger("agentr1.tasks.training")
@@ -80,12 +82,6 @@ def metrics_logger(run_id: str | None):
     return lambda metrics, step: tracking.log_metrics(run_id, metrics, step=step)
 
 
-def completed_iterations(cfg: Config) -> int:
-    """PPO iterations already in ``checkpoints/last`` (0 when there is none)."""
-    last = Path(cfg.output_dir) / LAST_DIR
-    return ckpt.load_state(last)["iteration"] if (last / ckpt.STATE_FILE).exists() else 0
-
-
 @task(name="warm-up", cache_policy=NO_CACHE)
 def warm_up(cfg: Config, run_id: str | None = None) -> str:
     """Supervised warm-up on noisy-expert transcripts; returns ``output_dir/warmup`` (reused
@@ -133,32 +129,42 @@ def rollouts_path(cfg: Config, iteration: int) -> Path:
     return Path(cfg.output_dir) / ROLLOUTS_DIR / f"iter-{iteration:04d}.parquet"
 
 
-@task(name="ppo-iteration", task_run_name="ppo-iteration-{iteration}", cache_policy=NO_CACHE)
-def ppo_iteration(cfg: Config, iteration: int, run_id: str | None = None) -> IterationResult:
-    """Iteration ``iteration`` (1-based): open the session -> the engine's iteration, storing
-    and validating the batch before its update -> save the checkpoint -> log."""
+@task(name="ppo", cache_policy=NO_CACHE)
+def ppo_iterations(cfg: Config, run_id: str | None = None, progress_key: str = "ppo-progress"
+                   ) -> list[IterationResult]:
+    """The PPO iterations still to do, in one session (:func:`~agentr1.trainer.run_ppo`, the loop of
+    every entry point: a checkpoint every ``ppo.checkpoint_every`` and at the end; a rerun resumes
+    from the last one). Each batch is stored as a versioned Parquet file and validated with Great
+    Expectations before its update; metrics go to MLflow; a progress artifact follows the
+    iterations. Returns the iterations run here."""
     from agentr1.rollout.store import write_rollouts
 
     session = PPOSession(cfg, workspace(cfg))
-    if session.iteration != iteration - 1:
-        raise RuntimeError(f"{cfg.output_dir}: checkpoint is at iteration {session.iteration}, "
-                           f"cannot run iteration {iteration}")
-    stored = None
+    total = cfg.ppo.iterations
+    progress = Progress.start(progress_key, total, f"PPO iterations of {cfg.output_dir}")
+    if session.done:
+        progress.update(total, f"all {total} iterations were already in {cfg.output_dir}")
+    stored: dict[int, RolloutDatasetInfo] = {}
+    results: list[IterationResult] = []
 
     def store_and_validate(trajs, it: int) -> None:
-        nonlocal stored
         meta = {"run_id": run_id, "config_hash": config_hash(cfg), "iteration": it}
-        stored = write_rollouts(trajs, rollouts_path(cfg, it), it, meta)
-        check_rollouts(str(stored.path), cfg.env.max_context_tokens, session.reward_bounds[1], it)
+        stored[it] = write_rollouts(trajs, rollouts_path(cfg, it), it, meta)
+        check_rollouts(str(stored[it].path), cfg.env.max_context_tokens, session.reward_bounds[1], it)
 
-    metrics = session.iterate(before_update=store_and_validate)
-    saved = session.save()
-    if run_id:
-        tracking.log_metrics(run_id, metrics, step=iteration)
-        tracking.log_dataset(run_id, stored.path, name=f"rollouts-{iteration:04d}", context="rollouts",
-                             digest=stored.version)
-        tracking.set_tags(run_id, {tracking.TAG_ROLLOUT_VERSION: stored.version})
-    return IterationResult(iteration, metrics, str(saved), str(stored.path), stored.version)
+    def after_iteration(s: PPOSession) -> None:
+        it, m, batch = s.iteration, s.history[-1], stored.pop(s.iteration)
+        if run_id:
+            tracking.log_dataset(run_id, batch.path, name=f"rollouts-{it:04d}", context="rollouts",
+                                 digest=batch.version)
+            tracking.set_tags(run_id, {tracking.TAG_ROLLOUT_VERSION: batch.version})
+        results.append(IterationResult(it, m, str(s.last), str(batch.path), batch.version))
+        progress.update(it, f"iteration {it}/{total}: rollout EM {m['rollout/em']:.3f}, "
+                            f"reward {m['reward/total']:.3f}, KL {m['actor/ref_kl']:.4f}")
+
+    run_ppo(session, log_metrics=metrics_logger(run_id), before_update=store_and_validate,
+            after_iteration=after_iteration)
+    return results
 
 
 @task(name="save-final-policy", cache_policy=NO_CACHE)

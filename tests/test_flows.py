@@ -342,6 +342,25 @@ def test_corrupted_rollout_batch_stops_before_the_update(prefect_api, data_dir, 
     assert registry_state() == before
 
 
+def test_the_pipeline_checkpoints_on_the_configs_schedule(prefect_api, data_dir, warm_dir, tmp_path, monkeypatch):
+    """Under Prefect the PPO iterations are the engine's one loop (trainer.run_ppo): a checkpoint
+    every ppo.checkpoint_every iterations and at the end, each batch stored and validated first."""
+    from flows.pipeline import pipeline
+
+    saved: list[int] = []
+    save = PPOSession.save
+
+    def recording(self):
+        saved.append(self.iteration)
+        return save(self)
+
+    monkeypatch.setattr(PPOSession, "save", recording)
+    run = seeded_run(tmp_path, warm_dir)
+    result = pipeline(form(data_dir, run, "ppo.iterations=5", "ppo.checkpoint_every=2"))
+    assert saved == [2, 4, 5] and result["iterations"] == 5
+    assert sorted(p.name for p in (run / "rollouts").glob("*.parquet")) == [f"iter-000{i}.parquet" for i in range(1, 6)]
+
+
 # ----------------------------------------------------------------------------- retrain, evaluate
 
 
