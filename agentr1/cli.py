@@ -12,6 +12,8 @@
     agentr1 pipeline [--flow pipeline|retrain|evaluate] [--preset train] [-o key=value ...]   (Prefect flows)
     agentr1 ablate [--preset quick] [-o key=value ...] [--output-dir DIR]   (the ablation flow)
     agentr1 report --study NAME [--run RUN_ID ...] [--out docs/results] [--include README.md]   (from MLflow)
+    agentr1 report --from docs/results/NAME.jsonl [--include README.md]   (the export alone)
+    agentr1 report --import docs/results/NAME.jsonl   (the published runs into this MLflow store)
 
 Results go to stdout as JSON; bad input exits with status 2 and a message on stderr naming
 the file, line and field (and writes nothing); training that diverges (or makes a rollout batch
@@ -434,13 +436,24 @@ def _add_ablate(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from tasks.report import write_study_report  # MLflow lives in tasks/, not in this package
-
     words = ["agentr1", "report", *(["--study", args.study] if args.study else []),
              *(w for r in args.run for w in ("--run", r)), "--out", args.out,
              *(w for f in args.include for w in ("--include", f))]
     try:
-        paths = write_study_report(args.study, args.out, args.run, command=" ".join(words), include=args.include)
+        if args.from_export:  # the export alone: no MLflow store is read
+            from agentr1.report import read_export, render_study
+
+            paths = render_study(read_export(args.from_export), args.out, args.include, args.from_export)
+        elif args.import_export:
+            from tasks.report import import_study  # MLflow lives in tasks/, not in this package
+
+            runs = import_study(args.import_export)
+            _print_json({"imported": args.import_export, "runs": runs})
+            return EXIT_OK
+        else:
+            from tasks.report import write_study_report
+
+            paths = write_study_report(args.study, args.out, args.run, command=" ".join(words), include=args.include)
     except (LookupError, ValueError) as e:
         print(f"agentr1: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -455,7 +468,12 @@ def _add_report(subparsers: argparse._SubParsersAction) -> None:
                      "agentr1 pipeline --study NAME)")
     rep.add_argument("--run", action="append", default=[], metavar="RUN_ID",
                      help="instead of --study: these MLflow runs (an ablation's parent runs, or pipeline runs)")
-    rep.add_argument("--out", default="docs/results", help="directory for <study>.md and <study>.png")
+    rep.add_argument("--from", dest="from_export", metavar="EXPORT",
+                     help="instead of MLflow: a study's export (docs/results/<study>.jsonl, written by every report), "
+                          "rendered to the same markdown and plot")
+    rep.add_argument("--import", dest="import_export", metavar="EXPORT",
+                     help="make MLflow runs in this store from a study's export (the published runs beside one's own)")
+    rep.add_argument("--out", default="docs/results", help="directory for <study>.jsonl, <study>.md and <study>.png")
     rep.add_argument("--include", action="append", default=[], metavar="FILE",
                      help="also put the summary between <!-- report:NAME --> and <!-- /report:NAME --> in FILE "
                           "(e.g. README.md)")

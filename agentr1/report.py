@@ -2,9 +2,17 @@
 
 A *study* is a set of tracked runs that together make one published result: the ablation
 (one flow run per warm-up, each with its (variant, PPO seed) runs) or the default pipeline
-run repeated over seeds. ``tasks.report.study_records`` reads them from MLflow; this module
+run repeated over seeds. ``tasks.report.collect_study`` reads them from MLflow; this module
 only sums them up (no MLflow, no Prefect), so every number in ``docs/results/`` is computed
 here from run records that name their MLflow run, git commit, DVC data hash and config hash.
+
+A study travels as its **export** (:func:`export_text`, ``docs/results/<study>.jsonl``): JSON
+lines, a header then one line per run holding exactly what the tables and the plot are computed
+from (variant, warm-up, seed, final, starting and baseline metrics, learning curve or per-
+iteration history, the run's parameters, its provenance). ``agentr1 report`` always writes the
+export first and renders the markdown and the plot from the file it wrote (:func:`render_study`),
+so ``agentr1 report --from <export>`` on a fresh clone, with no MLflow store, makes the same
+bytes.
 
 Two kinds of spread are kept apart (the warm-up decided more than PPO's seed in every
 experiment so far, docs/experiments/):
@@ -16,12 +24,16 @@ experiment so far, docs/experiments/):
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import math
+import os
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from agentr1.ablation import FULL, VARIANTS, efficiency, mean_curve, mean_std
 
@@ -66,6 +78,10 @@ class RunRecord:
     """Learning-curve points ``{iteration, train_seconds, greedy/em, ...}`` (ablation runs)."""
     baselines: dict[str, dict[str, float]] = field(default_factory=dict)
     """The untrained model's metrics on the same questions, by baseline (``eval.baselines``)."""
+    history: list[dict] = field(default_factory=list)
+    """Per-iteration training metrics ``{iteration, <metric>...}`` (pipeline runs' learning curves)."""
+    params: dict[str, str] = field(default_factory=dict)
+    """The run's parameters as MLflow holds them (the resolved config, flattened)."""
 
 
 def weights_digest(policy_dir: str | Path) -> str:
@@ -311,3 +327,127 @@ def splice(path: str | Path, name: str, text: str) -> bool:
     if new != doc:
         path.write_text(new, encoding="utf-8")
     return new != doc
+
+
+# ----------------------------------------------------------------------------- export and render
+
+EXPORT_FORMAT = "agentr1-study/1"
+EXPORT_SUFFIX = ".jsonl"
+
+
+@dataclass
+class Study:
+    """A study's runs and how it was made: what :func:`render_study` needs, and no more."""
+
+    name: str
+    kind: Literal["ablation", "pipeline"]
+    split: str
+    command: str
+    """The command that exported it (named under the tables)."""
+    records: list[RunRecord]
+
+
+def _finite(obj):
+    """``obj`` with NaN and infinities as None (JSON has no such numbers)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _nan(values: dict) -> dict[str, float]:
+    return {k: math.nan if v is None else v for k, v in values.items()}
+
+
+def export_text(study: Study) -> str:
+    """The study as JSON lines: a header, then one run per line (module docstring)."""
+    head = {"format": EXPORT_FORMAT, "study": study.name, "kind": study.kind, "split": study.split,
+            "command": study.command, "runs": len(study.records)}
+    lines = [json.dumps(head, sort_keys=True)]
+    lines += [json.dumps(_finite(dataclasses.asdict(r)), sort_keys=True, allow_nan=False) for r in study.records]
+    return "\n".join(lines) + "\n"
+
+
+def read_export(path: str | Path) -> Study:
+    """A study from its export; ValueError naming the file, line and field of what is wrong."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: cannot read the export: {err}") from None
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not JSON: {err.msg}") from None
+    if not rows or rows[0].get("format") != EXPORT_FORMAT:
+        raise ValueError(f"{path}:1: field 'format': expected {EXPORT_FORMAT!r}, got "
+                         f"{(rows[0].get('format') if rows else None)!r}")
+    head = rows[0]
+    records = []
+    for number, row in enumerate(rows[1:], start=2):
+        try:
+            records.append(RunRecord(
+                row["variant"], row["warmup"], int(row["seed"]), _nan(row["final"]), Provenance(**row["provenance"]),
+                start=_nan(row.get("start", {})), curve=row.get("curve", []),
+                baselines={b: _nan(m) for b, m in row.get("baselines", {}).items()},
+                history=row.get("history", []), params=row.get("params", {})))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path}:{number}: a run line lacks or misstates a field: {err}") from None
+    if head.get("kind") not in ("ablation", "pipeline") or len(records) != head.get("runs"):
+        raise ValueError(f"{path}:1: field 'kind' or 'runs': kind {head.get('kind')!r}, {head.get('runs')} runs "
+                         f"announced, {len(records)} found")
+    return Study(head["study"], head["kind"], head.get("split", "test"), head["command"], records)
+
+
+def render_study(study: Study, out_dir: str | Path, include: Iterable[str | Path] = (),
+                 export: str | Path | None = None) -> dict[str, Path]:
+    """``<out_dir>/<name>.md`` and ``<name>.png`` from the study's records: for an ablation the
+    table with spread over warm-ups and over seeds, the paper's claims tested and the learning
+    curves; for repeated pipeline runs EM before -> after RL per run, mean ± std, the baselines
+    when there are some, the learning curves; every number with its MLflow run, git commit, data
+    hash and config hash. The summary also goes between the study's markers in each ``include``
+    file (:func:`splice`). ``export``: the export file the study was read from, linked."""
+    from agentr1.plots import plot_ablation_curves, plot_learning_curve
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    name, records, split = study.name, study.records, study.split
+    md, png = out / f"{name}.md", out / f"{name}.png"
+    lines = []
+    if study.kind == "ablation":
+        rl = {r.variant for r in records if VARIANTS.get(r.variant) and VARIANTS[r.variant].kind == "rl"}
+        curves = {v: mean_curve([{"curve": r.curve} for r in records if r.variant == v and r.curve])
+                  for v in variant_order(rl)}
+        plot_ablation_curves({v: c for v, c in curves.items() if c}, png, split="dev",
+                             title=f"study {name}: held-out exact match (mean ± std over all runs)")
+        lines += [ablation_table(records, split=split), "",
+                  "Spread: **± warm-ups** is the standard deviation across warm-ups of each warm-up's mean over "
+                  "its PPO seeds; **± seeds** the standard deviation across PPO seeds from one warm-up, averaged "
+                  "over the warm-ups (n/a: one warm-up, or one seed).", "",
+                  "The paper's ordering, on greedy and sampled EM (a claim holds *beyond one standard deviation* "
+                  "when the difference of means exceeds the larger of the two variants' standard deviations "
+                  "over all their runs):", "",
+                  ordering_markdown([c for key in HEADLINE_KEYS for c in ordering(records, key)]), "",
+                  speed_claim(records), ""]
+    else:
+        histories = {f"seed {r.seed} ({r.provenance.run_id[:8]})": r.history for r in records}
+        plot_learning_curve({k: h for k, h in histories.items() if h}, png, title=f"study {name}: masked PPO")
+        lines += [pipeline_table(records, split=split), ""]
+        if any(r.baselines for r in records):
+            lines += ["The untrained model's baselines on the same questions, beside the warm-up and the "
+                      "trained agent:", "", baselines_table(records, split=split), ""]
+    source = f" from `{Path(export).name}`" if export else ""
+    lines.append(f"Generated by `{study.command}`{source}. **Provenance**: {provenance_summary(records)}")
+    summary = "\n".join(lines)
+    md.write_text("\n".join([f"<!-- generated by `{study.command}`; do not edit by hand -->", "", summary, "",
+                             f"![{name}]({png.name})", "", provenance_markdown(records), ""]), encoding="utf-8")
+    for path in include:  # links to the per-run table and the plot, relative to the including file
+        here = Path(path).resolve().parent
+        link, plot = (Path(os.path.relpath(p.resolve(), here)).as_posix() for p in (md, png))
+        splice(path, name, f"{summary} Per run: [{md.name}]({link}).\n\n![{name}]({plot})")
+    return {"markdown": md, "plot": png}

@@ -6,6 +6,7 @@ artifacts of every run of a flow on the UI's Artifacts page.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -15,10 +16,9 @@ from uuid import UUID
 from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_PARENT_RUN_ID
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
-from agentr1.ablation import CURVE_KEYS, VARIANTS, mean_curve
-from agentr1.report import (BASELINE_LABELS, DIRTY, HEADLINE_KEYS, Provenance, RunRecord, variant_order,
-                            ablation_table, baselines_table, ordering, ordering_markdown, pipeline_table,
-                            provenance_markdown, provenance_summary, speed_claim, splice)
+from agentr1.ablation import CURVE_KEYS
+from agentr1.report import (BASELINE_LABELS, DIRTY, EXPORT_SUFFIX, Provenance, RunRecord, Study, export_text,
+                            read_export, render_study, variant_order)
 from tasks import tracking
 
 MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"
@@ -105,6 +105,9 @@ def publish_summary(key: str, title: str, sections: list[str], run_id: str | Non
 
 
 # -- studies: the published numbers, regenerated from MLflow -----------------------------------
+TAG_SOURCE_RUN = "agentr1.source_run_id"  # an imported run: the run of the export it stands for
+TAG_IMPORTED_FROM = "agentr1.imported_from"  # an imported run: the export file's name
+TAG_WARMUP_LABEL = "agentr1.warmup_label"  # an imported ablation parent: the warm-up as published
 STUDY_NAME = re.compile(r"^[\w.-]+$")
 CURVE_METRICS = (*CURVE_KEYS, "train_seconds")
 PIPELINE_EXPERIMENTS = ("pipeline", "retrain")
@@ -121,7 +124,8 @@ def _provenance(run, parent=None) -> Provenance:
     commit = tag(MLFLOW_GIT_COMMIT)
     if commit and run.data.tags.get(tracking.TAG_GIT_DIRTY) == "true":
         commit += DIRTY
-    return Provenance(run.info.run_id, commit, tag(tracking.TAG_DATA_HASH), tag(tracking.TAG_CONFIG_HASH))
+    run_id = run.data.tags.get(TAG_SOURCE_RUN) or run.info.run_id  # an imported run stands for its source
+    return Provenance(run_id, commit, tag(tracking.TAG_DATA_HASH), tag(tracking.TAG_CONFIG_HASH))
 
 
 def _prefixed(metrics: dict[str, float], prefix: str) -> dict[str, float]:
@@ -141,6 +145,8 @@ def _history(run_id: str, keys: tuple[str, ...], prefix: str = "") -> dict[int, 
 def _warmup_label(parent) -> str:
     """The seed the flow's warm-up was trained with (or the warm-up it was given) and a digest
     of its weights: the report's warm-up factor."""
+    if TAG_WARMUP_LABEL in parent.data.tags:  # an imported study keeps the label it was published with
+        return parent.data.tags[TAG_WARMUP_LABEL]
     given = parent.data.params.get("ablation.warmup")
     digest = parent.data.tags.get(tracking.TAG_WARMUP_DIGEST, "")[:8] or "no digest"
     origin = f"given {Path(given).name}" if given not in (None, "None") else f"seed {parent.data.params.get('seed')}"
@@ -158,7 +164,8 @@ def _ablation_records(parent) -> list[RunRecord]:
         curve = [{"iteration": step, **point} for step, point in sorted(_history(run.info.run_id, CURVE_METRICS,
                                                                                   "curve/").items())]
         records.append(RunRecord(tags["ablation.variant"], _warmup_label(parent), int(tags["ablation.seed"]),
-                                 _prefixed(run.data.metrics, "final/"), _provenance(run, parent), curve=curve))
+                                 _prefixed(run.data.metrics, "final/"), _provenance(run, parent), curve=curve,
+                                 params=dict(run.data.params)))
     return records
 
 
@@ -166,8 +173,10 @@ def _pipeline_record(run) -> RunRecord:
     seed = int(run.data.params.get("seed", -1))
     m = run.data.metrics
     baselines = {b: _prefixed(m, f"eval/{b}/") for b in BASELINE_LABELS if any(k.startswith(f"eval/{b}/") for k in m)}
+    history = [{"iteration": s, **p} for s, p in sorted(_history(run.info.run_id, HISTORY_METRICS).items())]
     return RunRecord("pipeline", f"seed {seed}", seed, _prefixed(m, "eval/final/"), _provenance(run),
-                     start=_prefixed(m, "eval/warmup/"), baselines=baselines)
+                     start=_prefixed(m, "eval/warmup/"), baselines=baselines, history=history,
+                     params=dict(run.data.params))
 
 
 def study_runs(study: str | None = None, run_ids: list[str] | None = None) -> list:
@@ -188,58 +197,88 @@ def study_runs(study: str | None = None, run_ids: list[str] | None = None) -> li
     return runs
 
 
-def write_study_report(study: str | None, out_dir: str | Path, run_ids: list[str] | None = None,
-                       command: str | None = None, include: list[str] | None = None) -> dict[str, Path]:
-    """``<out_dir>/<name>.md`` and ``<name>.png`` for a study: an ablation (its flow runs, one
-    per warm-up: table with spread over warm-ups and over seeds, the paper's claims tested,
-    learning curves) or repeated pipeline runs (EM before -> after RL per run, mean ± std,
-    learning curves); every number with its MLflow run, git commit, data hash and config hash.
-    The summary (tables, claims, provenance line) also goes between the study's markers in each
-    ``include`` file (``agentr1.report.splice``)."""
-    from agentr1.plots import plot_ablation_curves, plot_learning_curve
-
+def collect_study(study: str | None, run_ids: list[str] | None = None, command: str | None = None) -> Study:
+    """A study's records from MLflow, in a canonical order (variant, warm-up, seed, run), so the
+    export of the same runs is the same file whichever store they are read from."""
     runs = study_runs(study, run_ids)
     name = study or f"runs-{runs[0].info.run_id[:8]}"
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    md, png = out / f"{name}.md", out / f"{name}.png"
     ablation_id = tracking.client().get_experiment_by_name(tracking.EXPERIMENTS["ablation"])
     is_ablation = ablation_id is not None and all(r.info.experiment_id == ablation_id.experiment_id for r in runs)
-    split = runs[0].data.params.get("eval.split", "test")
-    command = command or f"agentr1 report --study {name}"
-    lines = []
-    if is_ablation:
-        records = [rec for parent in runs for rec in _ablation_records(parent)]
-        rl = {r.variant for r in records if VARIANTS.get(r.variant) and VARIANTS[r.variant].kind == "rl"}
-        curves = {v: mean_curve([{"curve": r.curve} for r in records if r.variant == v and r.curve])
-                  for v in variant_order(rl)}
-        plot_ablation_curves({v: c for v, c in curves.items() if c}, png, split="dev",
-                             title=f"study {name}: held-out exact match (mean ± std over all runs)")
-        lines += [ablation_table(records, split=split), "",
-                  "Spread: **± warm-ups** is the standard deviation across warm-ups of each warm-up's mean over "
-                  "its PPO seeds; **± seeds** the standard deviation across PPO seeds from one warm-up, averaged "
-                  "over the warm-ups (n/a: one warm-up, or one seed).", "",
-                  "The paper's ordering, on greedy and sampled EM (a claim holds *beyond one standard deviation* "
-                  "when the difference of means exceeds the larger of the two variants' standard deviations "
-                  "over all their runs):", "",
-                  ordering_markdown([c for key in HEADLINE_KEYS for c in ordering(records, key)]), "",
-                  speed_claim(records), ""]
-    else:
-        records = [_pipeline_record(r) for r in runs]
-        histories = {f"seed {r.data.params.get('seed')} ({r.info.run_id[:8]})":
-                     [{"iteration": s, **p} for s, p in sorted(_history(r.info.run_id, HISTORY_METRICS).items())]
-                     for r in runs}
-        plot_learning_curve({k: h for k, h in histories.items() if h}, png, title=f"study {name}: masked PPO")
-        lines += [pipeline_table(records, split=split), ""]
-        if any(r.baselines for r in records):
-            lines += ["The untrained model's baselines on the same questions, beside the warm-up and the "
-                      "trained agent:", "", baselines_table(records, split=split), ""]
-    lines.append(f"Generated by `{command}`. **Provenance**: {provenance_summary(records)}")
-    summary = "\n".join(lines)
-    md.write_text("\n".join([f"<!-- generated by `{command}`; do not edit by hand -->", "", summary, "",
-                             f"![{name}]({png.name})", "", provenance_markdown(records), ""]))
-    for path in include or []:  # links to the per-run table and the plot, relative to the including file
-        here = Path(path).resolve().parent
-        link, plot = (Path(os.path.relpath(p.resolve(), here)).as_posix() for p in (md, png))
-        splice(path, name, f"{summary} Per run: [{md.name}]({link}).\n\n![{name}]({plot})")
-    return {"markdown": md, "plot": png}
+    records = ([rec for parent in runs for rec in _ablation_records(parent)] if is_ablation
+               else [_pipeline_record(r) for r in runs])
+    records.sort(key=lambda r: (variant_order([r.variant]), r.variant, r.warmup, r.seed, r.provenance.run_id))
+    return Study(name, "ablation" if is_ablation else "pipeline", runs[0].data.params.get("eval.split", "test"),
+                 command or f"agentr1 report --study {name}", records)
+
+
+def write_study_report(study: str | None, out_dir: str | Path, run_ids: list[str] | None = None,
+                       command: str | None = None, include: list[str] | None = None) -> dict[str, Path]:
+    """The study's export ``<out_dir>/<name>.jsonl`` from its MLflow runs, then its markdown and plot
+    rendered from that file (``agentr1.report.render_study``), as ``agentr1 report --from`` would."""
+    found = collect_study(study, run_ids, command)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    export = out / f"{found.name}{EXPORT_SUFFIX}"
+    export.write_text(export_text(found), encoding="utf-8")
+    return {"export": export, **render_study(read_export(export), out, include or [], export)}
+
+
+def import_study(path: str | Path) -> list[str]:
+    """Runs in this MLflow store made from an export (``agentr1 report --import``), with the
+    original runs' tags, parameters and metrics (curves and histories at their steps), so the UI
+    compares a published study with one's own runs and ``agentr1 report --study`` on this store
+    regenerates the same tables. Each run names the run it came from (``agentr1.source_run_id``).
+    Returns the ids of the runs made."""
+    from mlflow.entities import Metric, Param, RunStatus
+
+    study = read_export(path)
+    c = tracking.client()
+    made: list[str] = []
+
+    def create(kind: str, name: str, rec: RunRecord | None, tags: dict, parent: str | None = None) -> str:
+        prov = {}
+        if rec is not None:
+            commit = rec.provenance.git_commit or ""
+            prov = {MLFLOW_GIT_COMMIT: commit.removesuffix(DIRTY) or None,
+                    tracking.TAG_GIT_DIRTY: str(commit.endswith(DIRTY)).lower() if commit else None,
+                    tracking.TAG_DATA_HASH: rec.provenance.data_hash,
+                    tracking.TAG_CONFIG_HASH: rec.provenance.config_hash,
+                    TAG_SOURCE_RUN: rec.provenance.run_id}
+        all_tags = {tracking.TAG_STUDY: study.name, TAG_IMPORTED_FROM: Path(path).name, **prov, **tags,
+                    MLFLOW_PARENT_RUN_ID: parent}
+        run_id = c.create_run(tracking.experiment_id(tracking.EXPERIMENTS[kind]), run_name=name,
+                              tags={k: str(v) for k, v in all_tags.items() if v is not None}).info.run_id
+        made.append(run_id)
+        return run_id
+
+    def fill(run_id: str, rec: RunRecord, metrics: dict[str, float], series: dict[str, list[tuple[int, float]]]):
+        params = [Param(k, v) for k, v in rec.params.items()]
+        values = [Metric(k, v, 0, 0) for k, v in metrics.items() if math.isfinite(v)]
+        values += [Metric(k, v, 0, step) for k, points in series.items() for step, v in points if math.isfinite(v)]
+        for start in range(0, len(params), tracking.MAX_PARAMS_PER_BATCH):
+            c.log_batch(run_id, params=params[start:start + tracking.MAX_PARAMS_PER_BATCH])
+        for start in range(0, len(values), tracking.MAX_METRICS_PER_BATCH):
+            c.log_batch(run_id, metrics=values[start:start + tracking.MAX_METRICS_PER_BATCH])
+        c.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+
+    if study.kind == "pipeline":
+        for rec in study.records:
+            metrics = {**_with_prefix(rec.final, "eval/final/"), **_with_prefix(rec.start, "eval/warmup/"),
+                       **{k: v for b, m in rec.baselines.items() for k, v in _with_prefix(m, f"eval/{b}/").items()}}
+            series = {k: [(int(h["iteration"]), h[k]) for h in rec.history if k in h] for k in HISTORY_METRICS}
+            fill(create("pipeline", f"imported-{rec.provenance.run_id[:8]}", rec, {}), rec, metrics, series)
+        return made
+    for warmup in sorted({r.warmup for r in study.records}):
+        members = [r for r in study.records if r.warmup == warmup]
+        parent = create("ablation", f"imported-ablation-{len(made)}", None, {TAG_WARMUP_LABEL: warmup})
+        for rec in members:
+            run = create("ablation", f"imported-{rec.variant}-seed{rec.seed}", rec,
+                         {"ablation.variant": rec.variant, "ablation.seed": rec.seed}, parent)
+            series = {f"curve/{k}": [(int(p["iteration"]), p[k]) for p in rec.curve if k in p] for k in CURVE_METRICS}
+            fill(run, rec, _with_prefix(rec.final, "final/"), series)
+        c.set_terminated(parent, RunStatus.to_string(RunStatus.FINISHED))
+    return made
+
+
+def _with_prefix(metrics: dict[str, float], prefix: str) -> dict[str, float]:
+    return {prefix + k: v for k, v in metrics.items()}

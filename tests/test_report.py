@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import statistics
+from pathlib import Path
 
 import pytest
 from test_ablation import TINY_ABLATION
@@ -15,6 +17,7 @@ from agentr1.report import (Claim, Provenance, RunRecord, ablation_table, baseli
                             provenance_markdown, provenance_summary, spread, weights_digest)
 from tasks import tracking
 
+ROOT = Path(__file__).resolve().parents[1]
 OUTCOME = "ppo-outcome-only"
 STUDY = "tiny-study"
 WARMUP_SEEDS = (0, 1)
@@ -153,6 +156,59 @@ def test_report_regenerates_the_study_from_mlflow(tiny_study, capsys):
     assert "4 MLflow runs" in text
     assert f"`{FULL}` > `{OUTCOME}` (greedy/em)" in text and f"`{FULL}` > `{OUTCOME}` (sampled/em)" in text
     assert "over 2 warm-up(s)" in text or "not defined for" in text
+
+
+@pytest.mark.slow
+def test_the_export_alone_regenerates_the_report_and_imports_into_another_store(tiny_study, tmp_path, monkeypatch,
+                                                                               capsys):
+    """agentr1 report writes the study's export beside its tables; `--from` renders the same bytes
+    from that file in a process with no MLflow store at hand; `--import` makes runs in another
+    store from which the report finds the same records."""
+    import subprocess
+    import sys
+
+    from agentr1.cli import main
+    from agentr1.report import read_export
+
+    root, _ = tiny_study
+    out, again = tmp_path / "results", tmp_path / "again"
+    readme, readme2 = tmp_path / "README.md", tmp_path / "README2.md"
+    for f in (readme, readme2):
+        f.write_text(f"<!-- report:{STUDY} -->\n<!-- /report:{STUDY} -->\n")
+    assert main(["report", "--study", STUDY, "--out", str(out), "--include", str(readme)]) == 0
+    export = Path(json.loads(capsys.readouterr().out)["export"])
+    assert export == out / f"{STUDY}.jsonl" and len(export.read_text().splitlines()) == 1 + 4
+    # A fresh process, pointed at a store that does not exist: it must not need one.
+    nowhere = tmp_path / "no-store"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{nowhere / 'mlflow.db'}"}
+    cmd = [sys.executable, "-m", "agentr1.cli", "report", "--from", str(export), "--out", str(again),
+           "--include", str(readme2)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not nowhere.exists()
+    for name in (f"{STUDY}.md", f"{STUDY}.png"):
+        assert (again / name).read_bytes() == (out / name).read_bytes(), name
+    assert readme2.read_text().replace("again/", "results/") == readme.read_text()
+    # Into another MLflow store, then the report of that store: the same runs, as published.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'other.db'}")
+    assert main(["report", "--import", str(export)]) == 0
+    assert len(json.loads(capsys.readouterr().out)["runs"]) == 2 + 4  # a parent per warm-up, a run per cell
+    assert main(["report", "--study", STUDY, "--out", str(tmp_path / "third")]) == 0
+    capsys.readouterr()
+    assert read_export(tmp_path / "third" / f"{STUDY}.jsonl").records == read_export(export).records
+
+
+def test_a_broken_export_is_named_by_file_line_and_field(tmp_path):
+    from agentr1.report import read_export
+
+    bad = tmp_path / "x.jsonl"
+    bad.write_text('{"format": "something else"}\n')
+    with pytest.raises(ValueError, match=r"x.jsonl:1: field 'format'"):
+        read_export(bad)
+    bad.write_text('{"format": "agentr1-study/1", "study": "s", "kind": "pipeline", "command": "c", "runs": 1}\n'
+                   '{"variant": "pipeline"}\n')
+    with pytest.raises(ValueError, match=r"x.jsonl:2: a run line lacks"):
+        read_export(bad)
 
 
 def test_report_names_what_is_missing(capsys):
