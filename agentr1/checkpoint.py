@@ -25,7 +25,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from agentr1.fsutil import atomic_dir
+from agentr1.fsutil import DamagedError, atomic_dir
 
 STATE_FILE = "state.json"
 TRAINER_FILE = "trainer_state.pt"
@@ -37,7 +37,7 @@ _PLAIN = (str, int, float, bool, type(None))
 _TRAINER_KEYS = ("optimizer", "scheduler", "rng", "iteration")
 
 
-class UnsafeCheckpointError(ValueError):
+class UnsafeCheckpointError(DamagedError):
     """A trainer state that cannot be loaded without unpickling arbitrary objects."""
 
 
@@ -105,7 +105,7 @@ def save_checkpoint(path: Path, save_policy: Callable[[Path], None], optimizer, 
         torch.save(trainer, tmp / TRAINER_FILE)
         (tmp / STATE_FILE).write_text(json.dumps({"iteration": iteration, **state}, indent=1))
 
-    return atomic_dir(path, write)
+    return atomic_dir(path, write, manifest=True)
 
 
 def load_trainer_state(path: Path) -> dict[str, Any]:

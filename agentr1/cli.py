@@ -33,6 +33,7 @@ from typing import Callable, Iterator, Sequence, get_args
 
 from agentr1.config import TRAIN_STAGES, ConfigError, SynthConfig
 from agentr1.data.records import DataError
+from agentr1.fsutil import DamagedError
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -506,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code or 0)
     try:
         return args.func(args)
-    except (DataError, ConfigError, FileExistsError) as e:
+    except (DataError, ConfigError, FileExistsError, DamagedError) as e:
         print(f"agentr1: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

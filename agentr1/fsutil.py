@@ -1,11 +1,17 @@
-"""Files and directories that appear whole or not at all.
+"""Files and directories that appear whole or not at all, and stay as they were written.
 
 Every artifact of the project (datasets, policies, checkpoints, rollout tables, run records)
 is written into a temporary sibling and then swapped into place, so a crash or a failed
 validation never leaves a half-written file or directory under the final name.
+
+Policies and checkpoints also carry a manifest (:data:`MANIFEST`: every file's size and
+sha256, written last, inside the atomic write): :func:`verify_manifest` refuses a directory
+whose files no longer match it (a file missing, truncated, rewritten, or flipped bits that keep
+every value finite), naming the file, before anything is loaded from it.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -32,14 +38,72 @@ def replace_dir(new: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def atomic_dir(final: str | Path, write: Callable[[Path], None]) -> Path:
-    """Run ``write(tmp_dir)`` in a temporary sibling of ``final``, then swap it into place."""
+MANIFEST = "agentr1-manifest.json"
+"""Every file of a directory (but itself) with its size and sha256: ``{"files": {path: {...}}}``."""
+HASH_CHUNK = 1 << 20
+
+
+class DamagedError(ValueError):
+    """A directory whose files do not match its manifest; the message names the file and the fix."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(HASH_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(directory: str | Path) -> Path:
+    """Record every file under ``directory`` (sizes and sha256) in its :data:`MANIFEST`."""
+    directory = Path(directory)
+    files = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    path = directory / MANIFEST
+    path.write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
+    return path
+
+
+def verify_manifest(directory: str | Path, fix: str, required: bool = True) -> bool:
+    """Check ``directory`` against its manifest; :class:`DamagedError` (saying ``fix``) naming the
+    first file that is missing, of another size or another hash, or the manifest itself when it
+    is missing (``required``) or unreadable. Returns whether there was a manifest to check."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not path.is_file():
+        if required:
+            raise DamagedError(f"{path}: missing: {directory} was not written whole by agentr1, or was changed "
+                               f"since; {fix}")
+        return False
+    try:
+        files = json.loads(path.read_text())["files"]
+        entries = [(name, int(e["size"]), str(e["sha256"])) for name, e in files.items()]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DamagedError(f"{path}: unreadable ({type(err).__name__}); {fix}") from None
+    for name, size, digest in entries:
+        file = directory / name
+        if not file.is_file():
+            raise DamagedError(f"{file}: missing (listed in {MANIFEST}); {fix}")
+        if file.stat().st_size != size:
+            raise DamagedError(f"{file}: {file.stat().st_size} bytes where {size} were written (truncated or "
+                               f"rewritten); {fix}")
+        if _sha256(file) != digest:
+            raise DamagedError(f"{file}: its sha256 differs from the one written (damaged since); {fix}")
+    return True
+
+
+def atomic_dir(final: str | Path, write: Callable[[Path], None], manifest: bool = False) -> Path:
+    """Run ``write(tmp_dir)`` in a temporary sibling of ``final``, then swap it into place; with
+    ``manifest``, the directory's :data:`MANIFEST` is written last, before the swap."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     recover_dir(final)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}{TMP_INFIX}", dir=final.parent))
     try:
         write(tmp)
+        if manifest:
+            write_manifest(tmp)
         replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -37,7 +37,7 @@ from agentr1.env.agents import run_episodes
 from agentr1.env.base import Environment, NoDemonstrations
 from agentr1.env.registry import build_env, synth_data
 from agentr1.evaluate import EvalResult, evaluate, render_trajectory
-from agentr1.fsutil import recover_dir, write_json
+from agentr1.fsutil import recover_dir, verify_manifest, write_json
 from agentr1.rl.guard import StepGuard, TrainingDiverged, assert_finite_outputs
 from agentr1.rl.optim import MuonWithAdamW, muon_groups
 from agentr1.rl.ppo import PPOHyper, ppo_update, score_batch
@@ -467,8 +467,10 @@ class PPOSession:
         self.cfg, self.ws = cfg, ws
         out = Path(cfg.output_dir)
         self.last = recover_dir(out / LAST_DIR)  # a kill -9 mid-swap leaves the old checkpoint aside
-        resume = (self.last / ckpt.STATE_FILE).exists()
+        resume = self.last.exists()
+        verify_manifest(out / WARMUP_DIR, f"delete {out / WARMUP_DIR} to warm up again")
         if resume:
+            verify_manifest(self.last, f"move {self.last} away to restart PPO from the warm-up")
             check_same_config(ckpt.load_state(self.last).get("config"), ppo_identity(cfg), self.last,
                               f"use another output_dir, or delete {self.last} to start PPO again")
         start_dir = self.last / ckpt.POLICY_DIR if resume else out / WARMUP_DIR
@@ -708,16 +710,21 @@ def naive_rag_engine(cfg: Config, ws: Workspace, model, tokenizer, chat, records
 def stage_baselines(cfg: Config, ws: Workspace) -> dict[str, dict[str, float]]:
     """The untrained model of a pretrained run (``eval.baselines``) on the evaluation split, played
     and scored exactly as the trained agent will be: ``zero_shot`` (the instruct model as it comes,
-    told the tool protocol only by the environment's instructions) and ``naive_rag`` (the same
-    model after a forced search for the question). Writes ``eval_<baseline>.json`` and
+    told the tool protocol only by the environment's instructions, also where the run's agent
+    reads no system turn) and ``naive_rag`` (the same model after a forced search for the question). Writes ``eval_<baseline>.json`` and
     ``trajectories_<baseline>.txt``; returns their metrics by baseline."""
     model, tokenizer, chat = build_model(cfg, ws, [], [])
     model.eval()
+    # An untrained model knows the tool protocol only from the instructions: where the run leaves
+    # the system turn out (its agent learns the protocol in the warm-up), the baselines get the
+    # environment's own.
+    told = cfg if cfg.env.system_prompt != "" else \
+        cfg.model_copy(update={"env": cfg.env.model_copy(update={"system_prompt": None})})
     out = {}
     for name in cfg.eval.baselines:
         log.info("baseline %s: evaluating the untrained %s on %s", name, cfg.model.name_or_path, cfg.eval.split)
-        engine = naive_rag_engine(cfg, ws, model, tokenizer, chat, eval_records(cfg, ws)) if name == "naive_rag" \
-            else None
+        engine = naive_rag_engine(told, ws, model, tokenizer, chat, eval_records(cfg, ws)) if name == "naive_rag" \
+            else make_engine(told, build_env(told, ws.data_dir), model, tokenizer, chat, ws.device)
         out[name] = run_eval(cfg, ws, model, tokenizer, chat, name, engine=engine).metrics
         log.info("baseline %s: greedy EM %.3f, sampled EM %.3f", name, out[name]["greedy/em"], out[name]["sampled/em"])
     return out
@@ -739,6 +746,7 @@ def finished_warmup(cfg: Config) -> Path | None:
     stats = out / WARMUP_STATS
     if not stats.exists():
         return None
+    verify_manifest(out, f"delete {out} to warm up again")
     check_same_config(json.loads(stats.read_text()).get("config"), warmup_identity(cfg), out,
                       f"use another output_dir, or delete {out} to warm up again")
     return out

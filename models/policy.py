@@ -28,7 +28,7 @@ from transformers import (
 )
 
 from agentr1.config import ModelConfig
-from agentr1.fsutil import atomic_dir
+from agentr1.fsutil import DamagedError, atomic_dir, verify_manifest
 from agentr1.rl.guard import assert_finite
 from models.tokenizer import single_token_ids
 
@@ -256,19 +256,30 @@ def save_actor_critic(model: ActorCritic, tokenizer: PreTrainedTokenizerBase, ou
         head = {k: v.detach().float().cpu().contiguous() for k, v in model.value_head.state_dict().items()}
         save_file(head, str(tmp / VALUE_HEAD_FILE))
 
-    return atomic_dir(out_dir, write)
+    return atomic_dir(out_dir, write, manifest=True)
 
 
 def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None, local_files_only: bool = True) -> nn.Module:
-    """A causal LM from a HF directory/hub id, or base + LoRA adapter from an adapter directory."""
+    """A causal LM from a HF directory/hub id, or base + LoRA adapter from an adapter directory.
+    A checkpoint missing a weight is refused (transformers would initialise it at random)."""
     adapter_cfg = Path(path) / ADAPTER_CONFIG_FILE
     if adapter_cfg.is_file():
         from peft import PeftModel  # only LoRA checkpoints need peft
 
         base_path = json.loads(adapter_cfg.read_text())["base_model_name_or_path"]
-        base = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype, local_files_only=local_files_only)
+        base = _complete(base_path, dtype, local_files_only)
         return PeftModel.from_pretrained(base, str(path), is_trainable=True)
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=local_files_only)
+    return _complete(path, dtype, local_files_only)
+
+
+def _complete(path: str | Path, dtype: torch.dtype | None, local_files_only: bool) -> nn.Module:
+    model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=local_files_only,
+                                                       output_loading_info=True)
+    if info.get("missing_keys"):
+        missing = sorted(info["missing_keys"])
+        raise DamagedError(f"{path}: the checkpoint lacks {len(missing)} weight(s) the model needs ({missing[0]}, ...): "
+                           "transformers would initialise them at random; restore the checkpoint or train it again")
+    return model
 
 
 def load_value_head(path: str | Path, hidden_size: int) -> nn.Linear | None:
@@ -289,7 +300,11 @@ def load_actor_critic(
     local_files_only: bool = True,
 ) -> tuple[ActorCritic, PreTrainedTokenizerBase]:
     """Load what ``save_actor_critic`` wrote (or any causal-LM checkpoint: the value head is
-    then new). Returns ``(model in eval mode on device, tokenizer)``."""
+    then new). A directory with a manifest (every one agentr1 writes) is checked against it
+    first: a missing value head, a truncated or damaged file is refused, never replaced by fresh
+    weights. Returns ``(model in eval mode on device, tokenizer)``."""
+    if Path(path).is_dir():
+        verify_manifest(path, "restore it, or train it again", required=False)
     policy = load_causal_lm(path, dtype=dtype, local_files_only=local_files_only)
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=local_files_only)
     head = load_value_head(path, _base_lm(policy).config.hidden_size) if Path(path).is_dir() else None

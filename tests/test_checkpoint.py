@@ -4,6 +4,7 @@ from __future__ import annotations
 import pickletools
 import random
 import re
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from agentr1 import checkpoint as ckpt
+from agentr1.config import load_config
 from agentr1.rl.optim import MuonWithAdamW, muon_groups
 
 REPO = Path(__file__).resolve().parents[1]
@@ -192,3 +194,110 @@ def test_no_loader_unpickles_arbitrary_objects():
                 if "weights_only=True" not in call:
                     offenders.append(f"{file.relative_to(REPO)}:{text.count(chr(10), 0, m.start()) + 1}: {call}")
     assert offenders == []
+
+
+# ----------------------------------------------------------------------------- damaged checkpoints
+
+
+def _flip(path, at: float = 0.75) -> None:
+    """Flip one byte in the last quarter of a file (inside the tensor data of a safetensors file:
+    the values stay finite, bit rot a load would not notice)."""
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * at)] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _drop_a_tensor(path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    tensors.pop(sorted(tensors)[0])
+    save_file(tensors, str(path))
+
+
+DAMAGES = {
+    "policy weights truncated": ("checkpoints/last/policy/model.safetensors",
+                                 lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])),
+    "policy weights missing": ("checkpoints/last/policy/model.safetensors", lambda p: p.unlink()),
+    "policy weights bit rot": ("checkpoints/last/policy/model.safetensors", _flip),
+    "policy missing a tensor": ("checkpoints/last/policy/model.safetensors", _drop_a_tensor),
+    "value head missing": ("checkpoints/last/policy/value_head.safetensors", lambda p: p.unlink()),
+    "value head bit rot": ("checkpoints/last/policy/value_head.safetensors", lambda p: _flip(p, 0.99)),
+    "trainer state truncated": ("checkpoints/last/trainer_state.pt",
+                                lambda p: p.write_bytes(p.read_bytes()[:100])),
+    "trainer state missing": ("checkpoints/last/trainer_state.pt", lambda p: p.unlink()),
+    "state.json corrupt": ("checkpoints/last/state.json", lambda p: p.write_text('{"iteration": 1, "hist')),
+    "state.json missing": ("checkpoints/last/state.json", lambda p: p.unlink()),
+    "model config corrupt": ("checkpoints/last/policy/config.json", lambda p: p.write_text("{not json")),
+    "tokenizer missing": ("checkpoints/last/policy/tokenizer.json", lambda p: p.unlink()),
+    "manifest missing": ("checkpoints/last/agentr1-manifest.json", lambda p: p.unlink()),
+    "manifest corrupt": ("checkpoints/last/agentr1-manifest.json", lambda p: p.write_text("[")),
+    "reference value head missing": ("warmup/value_head.safetensors", lambda p: p.unlink()),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpointed_run(tmp_path_factory):
+    """A tiny run with its warm-up and one PPO checkpoint."""
+    from test_trainer import TINY
+
+    from agentr1.trainer import Workspace, train_ppo, warmup
+
+    root = tmp_path_factory.mktemp("ckrun")
+    cfg = load_config("conf/train.yaml", [f"data.dir={root / 'data'}", f"output_dir={root / 'run'}", *TINY,
+                                          "ppo.iterations=1", "rollout.backend=hf"])
+    ws = Workspace.build(cfg)
+    warmup(cfg, ws)
+    train_ppo(cfg, ws)
+    return cfg, ws
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_checkpoint_is_refused_naming_the_file(damage, checkpointed_run, tmp_path):
+    """Each damage stops the resume before any weight is loaded, with one line that names the file
+    (or the manifest that cannot vouch for it) and what to do; nothing resumes from fresh weights."""
+    from agentr1.fsutil import DamagedError
+    from agentr1.trainer import PPOSession
+
+    cfg, ws = checkpointed_run
+    run = tmp_path / "run"
+    shutil.copytree(cfg.output_dir, run)
+    rel, damage_fn = DAMAGES[damage]
+    damage_fn(run / rel)
+    with pytest.raises(DamagedError) as info:
+        PPOSession(cfg.model_copy(update={"output_dir": str(run)}), ws)
+    message = str(info.value)
+    assert "\n" not in message and (str(run / rel) in message or "agentr1-manifest.json" in message), message
+    assert "move" in message or "delete" in message or "restore" in message
+
+
+def test_a_checkpoint_without_a_weight_is_never_filled_at_random(checkpointed_run, tmp_path):
+    """Without a manifest to vouch for it (a directory from elsewhere), a policy lacking a tensor is
+    still refused: transformers would initialise the tensor at random and only warn."""
+    from agentr1.fsutil import MANIFEST, DamagedError
+    from models.policy import load_actor_critic
+
+    cfg, _ = checkpointed_run
+    policy = tmp_path / "policy"
+    shutil.copytree(Path(cfg.output_dir) / "warmup", policy)
+    (policy / MANIFEST).unlink()
+    _drop_a_tensor(policy / "model.safetensors")
+    with pytest.raises(DamagedError, match=r"lacks \d+ weight"):
+        load_actor_critic(policy)
+
+
+def test_the_cli_says_a_damaged_checkpoint_in_one_line_and_exits_2(checkpointed_run, tmp_path, capsys):
+    from test_trainer import TINY
+
+    from agentr1.cli import EXIT_BAD_INPUT, main
+
+    cfg, _ = checkpointed_run
+    run = tmp_path / "run"
+    shutil.copytree(cfg.output_dir, run)
+    (run / ".agentr1-run").touch()  # the fixture's run was made below the CLI, which claims its directory
+    _flip(run / "checkpoints/last/policy/model.safetensors")
+    overrides = [f"data.dir={cfg.data.dir}", f"output_dir={run}", *TINY, "ppo.iterations=2", "rollout.backend=hf"]
+    assert main(["train", "--stage", "ppo", *[x for o in overrides for x in ("-o", o)]]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("agentr1: error: ") and "model.safetensors: its sha256 differs" in err[-1]
+    assert "Traceback" not in "\n".join(err)
