@@ -1,6 +1,7 @@
 """Record formats: round trips, and every bad row rejected with file, line and field."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -201,7 +202,9 @@ def test_write_failure_midway_leaves_nothing(tmp_path, monkeypatch):
 def test_overwrite_replaces_only_what_the_generator_made(tmp_path):
     write_dataset(tmp_path / "ds", {"dev": [_record("old")]}, DOCS)
     marker = json.loads((tmp_path / "ds" / MARKER_FILE).read_text())
-    assert marker == {"generator": "agentr1", "files": ["corpus.jsonl", "qa/dev.jsonl"]}
+    assert marker == {"generator": "agentr1", "files": ["corpus.jsonl", "qa/dev.jsonl"],
+                      "sha256": {f: hashlib.sha256((tmp_path / "ds" / f).read_bytes()).hexdigest()
+                                 for f in ("corpus.jsonl", "qa/dev.jsonl")}}
     write_dataset(tmp_path / "ds", {"test": [_record("new")]}, DOCS)
     assert not (tmp_path / "ds" / "qa" / "dev.jsonl").exists()
     assert [r.id for r in load_split(tmp_path / "ds", "test")] == ["new"]
@@ -232,6 +235,24 @@ def test_write_keeps_a_marked_dataset_that_holds_a_users_file(tmp_path):
     with pytest.raises(DataError, match=r"holds files agentr1 did not write \(qa/mine\.jsonl\)"):
         write_dataset(tmp_path / "ds", {"dev": [_record()]}, DOCS)
     assert (tmp_path / "ds" / "qa" / "mine.jsonl").read_text() == "my own split\n"
+
+
+def test_a_generated_file_the_user_edited_is_never_regenerated_over(tmp_path):
+    """The marker keeps each file's digest: a dataset the generator made whose corpus went missing
+    while its train split was edited is refused, naming the edited file, and the edit stays."""
+    write_dataset(tmp_path / "ds", {"train": [_record("a")], "dev": [_record("b")]}, DOCS)
+    train = tmp_path / "ds" / "qa" / "train.jsonl"
+    train.write_text(train.read_text().replace('"a"', '"mine"'))
+    (tmp_path / "ds" / "corpus.jsonl").unlink()
+    assert generation_needed(tmp_path / "ds")  # incomplete and ours: the generator may run...
+    with pytest.raises(DataError, match=r"qa/train\.jsonl: changed since agentr1 generated it.*restore corpus\.jsonl"):
+        write_dataset(tmp_path / "ds", {"train": [_record("a")], "dev": [_record("b")]}, DOCS)  # ...but not over it
+    assert '"mine"' in train.read_text()
+    # Unedited, the same incomplete dataset is regenerated.
+    write_dataset(tmp_path / "clean", {"dev": [_record("b")]}, DOCS)
+    (tmp_path / "clean" / "corpus.jsonl").unlink()
+    write_dataset(tmp_path / "clean", {"dev": [_record("b")]}, DOCS)
+    assert (tmp_path / "clean" / "corpus.jsonl").is_file()
 
 
 def test_generation_needed(tmp_path):
