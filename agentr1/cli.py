@@ -31,14 +31,12 @@ import sys
 import time
 from typing import Callable, Iterator, Sequence, get_args
 
+from agentr1 import errors
 from agentr1.config import TRAIN_STAGES, ConfigError, SynthConfig
 from agentr1.data.records import DataError
-from agentr1.fsutil import DamagedError
 
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
-EXIT_TRAINING_FAILED = 3
-"""Training diverged or produced a rollout batch that broke a rule; nothing was saved from it."""
+# Exit statuses: agentr1/errors.py lists them (one error surface for every command and flow).
+EXIT_OK, EXIT_BAD_INPUT, EXIT_TRAINING_FAILED = errors.EXIT_OK, errors.EXIT_BAD_INPUT, errors.EXIT_TRAINING_FAILED
 
 
 def _print_json(obj: dict) -> None:
@@ -281,17 +279,13 @@ def _setup_logging() -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from agentr1.config import load_config
-    from agentr1.trainer import RolloutBatchError, TrainingDiverged, train
+    from agentr1.trainer import train
 
     cfg = load_config(args.config, args.override)
     _setup_logging()
     stages = tuple(args.stage) if args.stage else TRAIN_STAGES
-    try:
-        with stdout_to_stderr():
-            summary = train(cfg, stages=stages)
-    except (TrainingDiverged, RolloutBatchError) as e:  # the last good checkpoint is on disk
-        print(f"agentr1: error: training stopped: {e}", file=sys.stderr)
-        return EXIT_TRAINING_FAILED
+    with stdout_to_stderr():
+        summary = train(cfg, stages=stages)  # a divergence exits 3, the last good checkpoint on disk
     _print_json(summary)
     return EXIT_OK
 
@@ -492,6 +486,8 @@ COMMANDS.append(_add_report)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentr1", description="Train tool-using LLM agents with masked PPO.")
+    parser.add_argument("-v", "--traceback", action="store_true",
+                        help="show the traceback behind a refusal (bad input, damaged checkpoint, divergence, full disk)")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for add in COMMANDS:
         add(subparsers)
@@ -499,7 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; returns the exit status (2 for bad input, with the reason on stderr)."""
+    """Run one command; returns the exit status (agentr1/errors.py). A refusal a person can act
+    on is one line on stderr, ``agentr1: error: ...``; ``agentr1 -v`` adds its traceback."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -507,9 +504,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code or 0)
     try:
         return args.func(args)
-    except (DataError, ConfigError, FileExistsError, DamagedError) as e:
-        print(f"agentr1: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    except Exception as e:  # noqa: BLE001 - a bug is re-raised with its traceback below
+        status = errors.exit_status(e) if not isinstance(e, FileExistsError) else EXIT_BAD_INPUT
+        if status is None or args.traceback:
+            raise
+        print(f"agentr1: error: {errors.message(e)}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from agentr1.errors import UserError
+
 
 TRAIN_STAGES = ("baselines", "warmup", "ppo", "evaluate")
 """The recipe's stages in order (``agentr1 train --stage``, the DVC stages): ``baselines`` is a
@@ -285,7 +287,7 @@ class Config(_Section):
         return self
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config file or override that does not validate; the message names the key."""
 
 

@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from agentr1.errors import DamagedError, NoSpaceError  # noqa: F401 (DamagedError: raised here, imported from here)
+
 
 TMP_INFIX = ".tmp-"
 OLD_INFIX = ".old-"
@@ -41,10 +43,6 @@ def replace_dir(new: Path, target: Path) -> None:
 MANIFEST = "agentr1-manifest.json"
 """Every file of a directory (but itself) with its size and sha256: ``{"files": {path: {...}}}``."""
 HASH_CHUNK = 1 << 20
-
-
-class DamagedError(ValueError):
-    """A directory whose files do not match its manifest; the message names the file and the fix."""
 
 
 def _sha256(path: Path) -> str:

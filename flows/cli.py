@@ -24,11 +24,11 @@ import re
 import sys
 import urllib.request
 
+from agentr1 import errors
+from agentr1.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+
 LOCAL_PREFECT_API = "http://127.0.0.1:4200/api"
 PROBE_TIMEOUT_S = 0.5
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
 FLOWS = ("pipeline", "retrain", "evaluate")
 # A temporary Prefect server can take a minute to come up on two busy cores (Prefect's default
 # wait is 20 s: `make run` failed so while tests ran beside it); the ablation's workers use it too.
@@ -36,6 +36,8 @@ EPHEMERAL_STARTUP_S = "180"
 OWN_LOGGER = "agentr1"  # the engine's and the tasks' loggers (agentr1.train, agentr1.tasks.*)
 # Routine lines a flow run repeats, by logger: left out by default (-v keeps them), from the console
 # and so from the flow run's log too, where the task runs and their states say the same.
+# Prefect's loggers that report a failed flow or task run with its traceback.
+ENGINE_LOGGERS = ("prefect.flow_runs", "prefect.task_runs", "prefect.flow_engine", "prefect.task_engine")
 ROUTINE = {
     # The per-iteration validation task's end: the engine's own "iter N/M em ... reward ..." line
     # says more, once (the Prefect UI still lists every task run with its state).
@@ -55,6 +57,17 @@ class _DropRoutine(logging.Filter):
         task = getattr(record, "task_run_name", None)
         text = f"{task}: {record.getMessage()}" if task else record.getMessage()
         return not self.pattern.search(text)
+
+
+class _NoTracebackForRefusals(logging.Filter):
+    """Prefect logs a failed task or flow with its traceback; for a refusal a person can act on
+    (agentr1/errors.py: bad data, a damaged checkpoint, divergence, a full disk) the message is
+    the whole story, said once more as `agentr1: error: ...` at the end (-v keeps tracebacks)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and errors.exit_status(record.exc_info[1]) is not None:
+            record.exc_info, record.exc_text = None, None
+        return True
 
 
 def console_setup(verbose: bool) -> None:
@@ -79,6 +92,10 @@ def console_setup(verbose: bool) -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropRoutine) for f in logger.filters):  # once per process
             logger.addFilter(_DropRoutine(pattern))
+    for name in ENGINE_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoTracebackForRefusals) for f in logger.filters):
+            logger.addFilter(_NoTracebackForRefusals())
 
 
 def use_local_server(api: str = LOCAL_PREFECT_API) -> bool:
@@ -159,18 +176,14 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_S)
     server = use_local_server()
     flow, params = flow_params(args)
-    from tasks.registry import RegistrationRefused
     from tasks.validation import ValidationFailed
 
     state = run_flow(args, flow, params)
     try:
-        result = state.result()
+        result = state.result()  # a refusal (agentr1/errors.py) goes on to `agentr1`'s one-line error
     except ValidationFailed as exc:
         print(f"agentr1: validation failed, nothing was trained or registered:\n{exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except RegistrationRefused as exc:
-        print(f"agentr1: {exc}", file=sys.stderr)
-        return EXIT_FAILED
     return print_outcome(args, server, state, result, summary_lines(args.flow, result))
 
 

@@ -24,6 +24,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from agentr1.config import Config
+from agentr1.errors import EXIT_FAILED, UserError
 from tasks import tracking
 
 if TYPE_CHECKING:
@@ -41,8 +42,10 @@ FINAL_EVAL = "eval/final/"  # where a training run logs its own policy's scores 
 EVAL_PARAM_PREFIXES = ("eval.", "env.", "rollout.", "reward.")
 
 
-class RegistrationRefused(RuntimeError):
+class RegistrationRefused(UserError, RuntimeError):
     """The policy may not be registered: non-finite weights, or its run diverged."""
+
+    exit_status = EXIT_FAILED
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from agentr1.data.records import (MAX_FIELD_CHARS, MAX_HOPS, MAX_LINE_BYTES, QA_DIR, DataError, available_splits,
                                   check_dataset, corpus_path, iter_json_lines, split_path)
+from agentr1.errors import UserError
 from agentr1.rollout import checks as rollout_checks
 
 DEFAULT_MAX_HOPS = MAX_HOPS  # the engine's schema: GX never disagrees with the loaders
@@ -93,7 +94,7 @@ def _failure_markdown(k: int, f: dict) -> list[str]:
     return out
 
 
-class ValidationFailed(Exception):
+class ValidationFailed(UserError):
     """A suite failed; ``str(e)`` is the report's markdown."""
 
     def __init__(self, report: ValidationReport):

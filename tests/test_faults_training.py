@@ -359,6 +359,26 @@ def test_a_diverged_one_iteration_pipeline_fails_tagged_and_registers_nothing(pr
     assert "PPO iteration 1" in runs[0].data.tags[tracking.TAG_DIVERGED]
 
 
+@pytest.mark.slow
+def test_the_pipeline_command_says_a_divergence_in_one_line_and_exits_3(prefect_api, data_dir, flows_warm,
+                                                                        tmp_path, capsys, monkeypatch):
+    """`agentr1 pipeline` answers a divergence as `agentr1 train` does: exit 3, one line, no
+    traceback from Prefect's logs (`agentr1 -v` keeps it)."""
+    from prefect.settings import PREFECT_API_URL
+    from test_flows import FAST, seeded_run
+
+    from agentr1.cli import EXIT_TRAINING_FAILED, main
+
+    monkeypatch.setenv("PREFECT_API_URL", PREFECT_API_URL.value())
+    run = seeded_run(tmp_path, flows_warm)
+    overrides = [f"data.dir={data_dir}", *TINY, *FAST, "ppo.iterations=1", "ppo.lr=1e30"]
+    code = main(["pipeline", "--output-dir", str(run), *[x for o in overrides for x in ("-o", o)]])
+    err = capsys.readouterr().err
+    assert code == EXIT_TRAINING_FAILED
+    assert err.strip().splitlines()[-1].startswith("agentr1: error: training stopped: PPO iteration 1")
+    assert "Traceback" not in err
+
+
 # ----------------------------------------------------------------------------- leftovers of a kill -9
 
 DOOMED_FLOW = """

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from agentr1.errors import UserError
 from agentr1.fsutil import atomic_dir
 
 QA_DIR = "qa"
@@ -59,7 +60,7 @@ _NOT_GENERATED = (f"agentr1 generates data only into a directory that does not e
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A bad input row: ``str(e) == f"{path}:{line}: field '{field}': {message}"``.
 
     ``line`` is 1-based (None when the file has no meaningful line, e.g. a JSON list, in

@@ -31,6 +31,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from agentr1.errors import UserError
+
 if TYPE_CHECKING:
     from agentr1.config import Config
     from agentr1.env.base import Environment
@@ -131,7 +133,7 @@ _TOOLS: dict[str, ToolEntry] = {
 }
 
 
-class RegistryError(ValueError):
+class RegistryError(UserError, ValueError):
     """An unknown name, or a plug-in that cannot be loaded; the message lists what is known."""
 
 

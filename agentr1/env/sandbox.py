@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agentr1.env.tools import Tool, ToolError, ToolOutput
+from agentr1.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class WorkerFailed(Exception):
     """The worker gave no usable answer; the message is what the agent reads."""
 
 
-class SandboxError(RuntimeError):
+class SandboxError(UserError, RuntimeError):
     """A tool's worker could not start: the run stops (every call would fail)."""
 
 

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
+from agentr1.errors import TrainingStopped
 
-class TrainingDiverged(RuntimeError):
+
+class TrainingDiverged(TrainingStopped, RuntimeError):
     """Training produced non-finite numbers it cannot recover from; nothing was saved from it."""
 
 

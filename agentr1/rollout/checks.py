@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agentr1.errors import TrainingStopped
+
 LOGPROB_TOL = 1e-4
 """Sampled tokens' log-probs must be <= 0; float32 rounding may put a certain one a hair above."""
 MAX_VALUE_CHARS = 200
@@ -74,7 +76,7 @@ EPISODE_FIELDS = ("token_ids", "action_mask", "rollout_logprobs", "prompt_len", 
 """What :func:`episode_columns` reads of an episode (a Trajectory's attributes or a table row)."""
 
 
-class RolloutBatchError(ValueError):
+class RolloutBatchError(TrainingStopped, ValueError):
     """A batch of rollouts broke a rule; nothing was learnt from it."""
 
 
