@@ -91,10 +91,22 @@ def check_plain(obj: Any, where: str) -> None:
                     "tensors and plain data only (it is loaded with torch.load(weights_only=True))")
 
 
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of every tensor under ``obj`` (a state dict, nested): a write's size, near enough."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
 def save_checkpoint(path: Path, save_policy: Callable[[Path], None], optimizer, scheduler,
-                    iteration: int, state: dict[str, Any]) -> Path:
+                    iteration: int, state: dict[str, Any], policy_bytes: int = 0) -> Path:
     """Write ``path`` atomically: the policy (``save_policy(dir)``), the trainer state and
-    ``state.json`` (``{"iteration": ..., **state}``)."""
+    ``state.json`` (``{"iteration": ..., **state}``); the free space it needs (``policy_bytes`` and
+    the trainer state's) is checked first (``agentr1.fsutil.NoSpaceError``)."""
     trainer = {"format": TRAINER_FORMAT, "optimizer": optimizer.state_dict(),
                "scheduler": scheduler.state_dict() if scheduler is not None else None,
                "rng": rng_state(), "iteration": int(iteration)}
@@ -105,7 +117,7 @@ def save_checkpoint(path: Path, save_policy: Callable[[Path], None], optimizer, 
         torch.save(trainer, tmp / TRAINER_FILE)
         (tmp / STATE_FILE).write_text(json.dumps({"iteration": iteration, **state}, indent=1))
 
-    return atomic_dir(path, write, manifest=True)
+    return atomic_dir(path, write, manifest=True, need=policy_bytes + tensor_bytes(trainer))
 
 
 def load_trainer_state(path: Path) -> dict[str, Any]:

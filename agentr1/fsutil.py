@@ -11,6 +11,7 @@ every value finite), naming the file, before anything is loaded from it.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -91,20 +92,69 @@ def verify_manifest(directory: str | Path, fix: str, required: bool = True) -> b
     return True
 
 
-def atomic_dir(final: str | Path, write: Callable[[Path], None], manifest: bool = False) -> Path:
+SPACE_MARGIN = 1.1
+"""Free space asked for beyond a write's estimate (filesystem blocks, metadata, a manifest)."""
+LOW_SPACE_BYTES = 1 << 20
+"""A write that fails with less than this free on its device failed for want of space: torch.save
+says only "[enforce fail at inline_container.cc]" when the disk fills under it."""
+
+
+def ensure_space(path: str | Path, need: int) -> None:
+    """:class:`NoSpaceError` unless the device holding ``path`` (or its nearest existing parent)
+    has ``need`` bytes free, with :data:`SPACE_MARGIN`."""
+    where = Path(path)
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if free < need * SPACE_MARGIN:
+        raise NoSpaceError(f"{path}: needs ~{_size(need)} and {where} has {_size(free)} free: free space on that "
+                           "device, or choose another output_dir")
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
+def _out_of_space(err: BaseException, where: Path) -> bool:
+    """Whether a write into ``where`` failed for want of space (ENOSPC/EDQUOT, or an error from a
+    writer that hides it, with the device all but full); a NoSpaceError from a nested write is
+    passed on as it is."""
+    if isinstance(err, NoSpaceError):
+        return False
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if isinstance(err, (OSError, RuntimeError)):
+        try:
+            return shutil.disk_usage(where).free < LOW_SPACE_BYTES
+        except OSError:
+            return False
+    return False
+
+
+def atomic_dir(final: str | Path, write: Callable[[Path], None], manifest: bool = False,
+               need: int | None = None) -> Path:
     """Run ``write(tmp_dir)`` in a temporary sibling of ``final``, then swap it into place; with
-    ``manifest``, the directory's :data:`MANIFEST` is written last, before the swap."""
+    ``manifest``, the directory's :data:`MANIFEST` is written last, before the swap. ``need``
+    (bytes): checked free before anything is written. A write that runs out of space raises
+    :class:`NoSpaceError` naming ``final`` (the temporary is removed: nothing half-written stays)."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     recover_dir(final)
+    if need is not None:
+        ensure_space(final.parent, need)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}{TMP_INFIX}", dir=final.parent))
     try:
         write(tmp)
         if manifest:
             write_manifest(tmp)
         replace_dir(tmp, final)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if _out_of_space(err, final.parent):
+            free = shutil.disk_usage(final.parent).free
+            raise NoSpaceError(f"{final}: no space left on the device while writing it ({_size(free)} free"
+                               + (f", ~{_size(need)} needed" if need else "") + "): nothing was written; free "
+                               "space on that device, or choose another output_dir") from err
         raise
     return final
 
@@ -143,8 +193,12 @@ def atomic_file(final: str | Path, write: Callable[[Path], None]) -> Path:
     try:
         write(Path(tmp))
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if _out_of_space(err, final.parent):
+            raise NoSpaceError(f"{final}: no space left on the device while writing it "
+                               f"({_size(shutil.disk_usage(final.parent).free)} free): nothing was written; free "
+                               "space on that device, or choose another output_dir") from err
         raise
     return final
 

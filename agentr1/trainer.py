@@ -605,7 +605,8 @@ class PPOSession:
         if self.acc.is_main_process:  # every process holds the same weights: one writes them
             ckpt.save_checkpoint(self.last, lambda d: save_actor_critic(self.policy, self.tokenizer, d),
                                  self.optimizer, self.scheduler, self.iteration,
-                                 {"history": self.history, "config": ppo_identity(self.cfg)})
+                                 {"history": self.history, "config": ppo_identity(self.cfg)},
+                                 policy_bytes=ckpt.tensor_bytes(self.policy.state_dict()))
         self.acc.wait_for_everyone()
         return self.last
 

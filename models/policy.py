@@ -256,7 +256,8 @@ def save_actor_critic(model: ActorCritic, tokenizer: PreTrainedTokenizerBase, ou
         head = {k: v.detach().float().cpu().contiguous() for k, v in model.value_head.state_dict().items()}
         save_file(head, str(tmp / VALUE_HEAD_FILE))
 
-    return atomic_dir(out_dir, write, manifest=True)
+    need = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return atomic_dir(out_dir, write, manifest=True, need=need)
 
 
 def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None, local_files_only: bool = True) -> nn.Module:
