@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from typing import Callable, Iterator, Sequence, get_args
@@ -504,6 +505,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code or 0)
     try:
         return args.func(args)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP to a flow (flows/cli.py): unwound, resumable
+        signum = getattr(e, "signum", signal.SIGINT)
+        if args.traceback:
+            raise
+        print(f"agentr1: stopped by {signal.Signals(signum).name}: the runs it opened were ended (MLflow: KILLED, "
+              "Prefect: Crashed); the same command resumes from the last checkpoint", file=sys.stderr)
+        return 128 + signum
     except Exception as e:  # noqa: BLE001 - a bug is re-raised with its traceback below
         status = errors.exit_status(e) if not isinstance(e, FileExistsError) else EXIT_BAD_INPUT
         if status is None or args.traceback:

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import urllib.request
 
@@ -162,13 +163,37 @@ def summary_lines(kind: str, result: dict) -> list[str]:
             f"({p['reason']})"]
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM (or SIGHUP) to a flow started here: unwinds like Ctrl-C (exit 128 + the signal)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum: int, frame) -> None:
+    raise Stopped(signum)
+
+
 def run_flow(args: argparse.Namespace, flow, params):
     """The flow's final state; under ``--json`` everything it prints goes to stderr, so stdout
-    carries the JSON document alone."""
+    carries the JSON document alone.
+
+    SIGTERM and SIGHUP unwind the flow like Ctrl-C: Prefect's engine turns the signal into a crash
+    of the flow run (its own handler, which hands the signal back to the one it found: this one),
+    the MLflow run ends KILLED, every ``finally`` runs, and the process exits through ``atexit``,
+    which stops Prefect's temporary server. The default action would end the process on the spot
+    and leave the server running and the flow run Running."""
     from agentr1.cli import stdout_to_stderr
 
-    with stdout_to_stderr() if args.json else contextlib.nullcontext():
-        return flow(params, return_state=True)
+    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with stdout_to_stderr() if args.json else contextlib.nullcontext():
+            return flow(params, return_state=True)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -377,6 +378,64 @@ def test_the_pipeline_command_says_a_divergence_in_one_line_and_exits_3(prefect_
     assert code == EXIT_TRAINING_FAILED
     assert err.strip().splitlines()[-1].startswith("agentr1: error: training stopped: PPO iteration 1")
     assert "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------- SIGTERM to `agentr1 pipeline`
+
+# A stage, as the log line that says it has begun (the tiny run's stages last a second or two).
+STAGES = {"warm-up": "warm-up: playing", "ppo": "iter   1/", "evaluation": "Task run 'evaluate-final'"}
+STOP_WITHIN_S = 30  # a liveness bound: measured 6-8 s on an idle machine (docs/operations.md)
+
+
+def _pipeline_cmd(data_dir, out, *extra) -> list[str]:
+    from test_flows import FAST
+
+    o = [f"data.dir={data_dir}", *TINY, *FAST, "ppo.iterations=3", "rollout.backend=hf", *extra]
+    return [sys.executable, "-m", "agentr1.cli", "pipeline", "--output-dir", str(out), *[x for i in o for x in ("-o", i)]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_sigterm_at_a_stage_ends_the_runs_and_every_child_and_the_rerun_finishes(stage, data_dir, tmp_path):
+    """SIGTERM to `agentr1 pipeline` at a stage: the process is gone soon with exit status 143 and
+    one line, no process it started is left (Prefect's temporary server, tool workers), its MLflow
+    run is KILLED, its Prefect flow run Crashed (not Running), and the same command then finishes."""
+    import psutil
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PREFECT_HOME": str(tmp_path / "prefect"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    env.pop("PREFECT_API_URL", None)  # the command's own temporary server, whose end is part of the test
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_pipeline_cmd(data_dir, out), cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if STAGES[stage] in line:
+            break
+    assert proc.poll() is None, "".join(seen[-20:])
+    family = psutil.Process(proc.pid).children(recursive=True)
+    assert family, "the pipeline started no child process (Prefect's server): the check below would prove nothing"
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)
+    took = time.monotonic() - start
+    assert proc.returncode == 128 + signal.SIGTERM, rest[-3000:]
+    assert took < STOP_WITHIN_S, took
+    said = [line for line in rest.splitlines() if line.startswith("agentr1: ")]
+    assert said == [said[0]] and said[0].startswith("agentr1: stopped by SIGTERM"), rest[-3000:]
+    alive = [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"left running: {alive}"
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        assert db.execute("select status from runs").fetchall() == [("KILLED",)]
+    with sqlite3.connect(tmp_path / "prefect" / "prefect.db") as db:
+        assert db.execute("select state_type from flow_run").fetchall() == [("CRASHED",)]
+    print(f"\nSIGTERM at {stage}: gone in {took:.1f} s")
+    # The same command resumes and finishes (a checkpoint, or the warm-up, is where it left off).
+    done = subprocess.run(_pipeline_cmd(data_dir, out), cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (out / "final" / "model.safetensors").is_file()
 
 
 # ----------------------------------------------------------------------------- leftovers of a kill -9
