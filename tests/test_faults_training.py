@@ -436,6 +436,12 @@ def test_sigterm_at_a_stage_ends_the_runs_and_every_child_and_the_rerun_finishes
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "final" / "model.safetensors").is_file()
+    if stage == "ppo":  # ... to the same weights as a run never stopped
+        whole = tmp_path / "whole"
+        subprocess.run(_pipeline_cmd(data_dir, whole), cwd=REPO, env=env, check=True, capture_output=True,
+                       timeout=600)
+        a, b = (load_file(d / "final" / "model.safetensors") for d in (whole, out))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 # ----------------------------------------------------------------------------- leftovers of a kill -9
