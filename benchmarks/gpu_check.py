@@ -25,6 +25,12 @@ dtype) in well under a minute; tests/test_gpu_check.py runs it in CI. The last l
 one JSON object with every number. Usage::
 
     python benchmarks/gpu_check.py [--device cuda|cpu] [--episodes N] [--prompt-tokens N] [--new-tokens N]
+                                   [--model DIR]
+
+``--model DIR`` runs the same steps on a local checkpoint's real weights (SmolLM2-135M-Instruct
+after ``make model``). On the lent GPU machine that directory must exist there: it reaches no
+package index, and the working tree that travels is capped at 64 MiB (the converted SmolLM2 is
+538 MB in fp32, its GGUF 98 MB), so today the GPU check runs the random shapes only.
 """
 from __future__ import annotations
 
@@ -112,6 +118,8 @@ def main() -> None:
     ap.add_argument("--episodes", type=int)
     ap.add_argument("--prompt-tokens", type=int)
     ap.add_argument("--new-tokens", type=int)
+    ap.add_argument("--model", help="a local Hugging Face checkpoint (e.g. model-cache/SmolLM2-135M-Instruct, "
+                                    "`make model`) instead of the random shape")
     args = ap.parse_args()
     mode = MODES[args.device]
     episodes = args.episodes or mode["episodes"]
@@ -133,13 +141,20 @@ def main() -> None:
 
     # 2. rollouts with the project's vLLM backend, from a copy of the policy in the engine's dtype
     max_len = prompt_tokens + new_tokens
-    model = build_model(mode["shape"], mode["init_std"], max_len)
+    if args.model:  # real weights: the check's numbers for the model a preset trains
+        from models.policy import load_actor_critic
+
+        model = load_actor_critic(args.model)[0]
+        out["model"] = args.model
+    else:
+        model = build_model(mode["shape"], mode["init_std"], max_len)
+    vocab = model.policy.config.vocab_size
     out["parameters_m"] = count_parameters(model.policy) / 1e6
     t0 = time.perf_counter()
     backend = VLLMBackend(copy.deepcopy(model.policy).to(mode["engine_dtype"]), device, max_model_len=max_len,
                           seed=SEED)
     out["engine_startup_s"] = time.perf_counter() - t0
-    trajs, seconds = rollouts(backend, mode["shape"]["vocab_size"], episodes, prompt_tokens, new_tokens)
+    trajs, seconds = rollouts(backend, vocab, episodes, prompt_tokens, new_tokens)
     sampled = sum(t.n_action_tokens for t in trajs)
     out["rollout_tokens_per_s"] = sampled / seconds
     print(f"{out['parameters_m']:.0f}M parameters; vLLM start-up {out['engine_startup_s']:.1f}s; rollouts: "

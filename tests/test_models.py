@@ -458,6 +458,7 @@ def test_baselines_of_a_pretrained_model_are_played_like_the_agent(qwen_dir, tmp
     written beside the agent's evaluations; a from-scratch model has no such baseline."""
     from agentr1.config import ConfigError, load_config
     from agentr1.env.protocol import format_tool_call
+    from agentr1.env.qa_env import SYSTEM_PROMPT as QA_SYSTEM_PROMPT
     from agentr1.trainer import Workspace, train
 
     base = [f"data.dir={tmp_path / 'data'}", f"output_dir={tmp_path / 'run'}", "data.synth.n_train=8",
@@ -476,6 +477,8 @@ def test_baselines_of_a_pretrained_model_are_played_like_the_agent(qwen_dir, tmp
     assert all(f"▶ {format_tool_call(q)}" in naive for q in questions)  # the forced search, as an action
     assert naive.count("▶ <answer>") == 6  # the second turn opens with the answer tag, greedy and sampled
     assert not (tmp_path / "run" / "warmup").exists()  # nothing trained
+    # The run's agent reads no system turn (system_prompt ""); the untrained model is told the protocol.
+    assert QA_SYSTEM_PROMPT in (tmp_path / "run" / "trajectories_zero_shot.txt").read_text() and QA_SYSTEM_PROMPT in naive
 
 
 def test_bf16_on_cpu_switches_to_eager_attention_with_the_same_outputs(tok):
