@@ -4,12 +4,17 @@ Greedy decoding hides much of what RL changes (FIELD-NOTES, pitfall 3), so both 
 """
 from __future__ import annotations
 
+import logging
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
 from agentr1.rollout.engine import RolloutEngine, Trajectory
 
 # Episode metrics averaged into the report (all present in Trajectory.metrics).
+log = logging.getLogger("agentr1.train")
+PROGRESS_EVERY_S = 20.0  # a line after any batch that ends this long after the last one
+
 METRIC_KEYS = ("em", "f1", "contains", "format_ok", "answered", "turns", "n_calls", "n_bad_calls",
                "retrieval_hit", "support_recall", "action_tokens")
 
@@ -42,11 +47,15 @@ def evaluate(engine: RolloutEngine, records: list, seed: int, sampled_temperatur
     hops = {r.id: r.hops for r in records}
     metrics: dict[str, float] = {}
     trajectories: dict[str, list[Trajectory]] = {}
+    t0 = last = time.perf_counter()
     for mode, temp in (("greedy", 0.0), ("sampled", sampled_temperature)):
         trajs: list[Trajectory] = []
         for start in range(0, len(records), batch_size):
             chunk = records[start : start + batch_size]
             trajs += engine.run(chunk, seed=seed + start, temperature=temp)
+            if time.perf_counter() - last >= PROGRESS_EVERY_S:  # a pretrained model's batch takes ~1 min
+                last = time.perf_counter()
+                log.info("evaluation %s %d/%d episodes  %.0fs", mode, len(trajs), len(records), last - t0)
         trajectories[mode] = trajs
         metrics.update(aggregate(trajs, hops, mode))
     return EvalResult(metrics, trajectories)

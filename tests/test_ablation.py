@@ -277,7 +277,7 @@ def test_flow_writes_the_table_plots_and_nested_runs(first_run):
 
 
 def test_rerun_reuses_finished_runs_and_resumes_unfinished_ones(first_run, capsys):
-    from agentr1.cli import main
+    from cli.main import main
 
     params, res, _ = first_run
     root = Path(res["output_dir"])

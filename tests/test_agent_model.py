@@ -22,7 +22,7 @@ import pytest
 from mlflow.exceptions import MlflowException
 
 from agentr1.agent import MAX_QUESTION_CHARS, transcript
-from agentr1.cli import main
+from cli.main import main
 from agentr1.config import ModelConfig, load_config
 from agentr1.data.records import corpus_path, load_dataset
 from agentr1.env.rewards import exact_match

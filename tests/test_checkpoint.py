@@ -289,7 +289,7 @@ def test_a_checkpoint_without_a_weight_is_never_filled_at_random(checkpointed_ru
 def test_the_cli_says_a_damaged_checkpoint_in_one_line_and_exits_2(checkpointed_run, tmp_path, capsys):
     from test_trainer import TINY
 
-    from agentr1.cli import EXIT_BAD_INPUT, main
+    from cli.main import EXIT_BAD_INPUT, main
 
     cfg, _ = checkpointed_run
     run = tmp_path / "run"

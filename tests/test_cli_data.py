@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentr1.cli import build_parser, main
+from cli.main import build_parser, main
 from agentr1.data.records import MARKER_FILE, load_dataset
 
 from test_convert import HOTPOT_RECORD, MUSIQUE_RECORD

@@ -3,7 +3,7 @@ import os
 import subprocess
 import sys
 
-from agentr1.cli import _quiet_third_party
+from cli.console import quiet_third_party
 
 
 def child_shows_bars() -> bool:
@@ -18,5 +18,5 @@ def test_quiet_console_reaches_child_processes(monkeypatch):
     # loading/saving bars ("Loading weights", "Writing model shards") must be off there too.
     monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
     assert child_shows_bars()  # the control: a child left alone shows them
-    _quiet_third_party()
+    quiet_third_party()
     assert not child_shows_bars()

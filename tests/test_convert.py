@@ -172,7 +172,7 @@ def test_convert_to_dataset_writes_a_loadable_split(tmp_path):
 
 @needs_real
 def test_cli_convert_splits_train_dev_test_by_id_hash_as_the_pipeline_does(tmp_path, capsys):
-    from agentr1.cli import main
+    from cli.main import main
     from agentr1.data.convert import split_of
 
     args = ["data", "convert", "--format", "hotpotqa", "--input", str(HOTPOT)]

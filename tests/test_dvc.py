@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentr1.cli import build_parser, main
+from cli.main import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = ("validate", "warmup", "ppo", "evaluate")

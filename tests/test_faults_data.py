@@ -24,7 +24,7 @@ from typing import Callable
 
 import pytest
 
-from agentr1.cli import main
+from cli.main import main
 from agentr1.config import load_config
 from agentr1.data.records import (MARKER_FILE, MAX_FIELD_CHARS, MAX_HOPS, MAX_LINE_BYTES, DataErrors,
                                   check_dataset, raise_errors, write_dataset)

@@ -72,9 +72,9 @@ def test_train_and_pipeline_say_the_disk_is_full_in_one_line(command, tmp_path):
     out = tmp_path / "mnt"
     overrides = [f"data.dir={data}", *TINY, "rollout.backend=hf", "ppo.iterations=1"]
     args = [x for o in overrides for x in ("-o", o)]
-    argv = ([sys.executable, "-m", "agentr1.cli", "train", "-o", f"output_dir={out / 'run'}", *args]
+    argv = ([sys.executable, "-m", "cli", "train", "-o", f"output_dir={out / 'run'}", *args]
             if command == "train" else
-            [sys.executable, "-m", "agentr1.cli", "pipeline", "--output-dir", str(out / "run"), *args])
+            [sys.executable, "-m", "cli", "pipeline", "--output-dir", str(out / "run"), *args])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PREFECT_HOME": str(tmp_path / "prefect"),
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PREFECT_API_URL": ""}
     env.pop("PREFECT_API_URL")

@@ -297,7 +297,7 @@ def test_stdout_to_stderr_keeps_every_writer_off_stdout():
     object before (as vLLM's is), a raw write to fd 1, and a child process (as DVC's)."""
     code = """
     import json, logging, os, subprocess, sys
-    from agentr1.cli import stdout_to_stderr
+    from cli.console import stdout_to_stderr
     logging.getLogger("lib").addHandler(logging.StreamHandler(sys.stdout))
     with stdout_to_stderr():
         print("a print")
@@ -328,7 +328,7 @@ def test_evaluate_json_with_vllm_prints_only_json(data_dir, tmp_path):  # noqa: 
     policy = save_actor_critic(build_policy(spec, tok), tok, tmp_path / "policy")
     overrides = ["rollout.backend=vllm", "eval.max_examples=1", "env.max_turns=1", "env.max_turn_tokens=4",
                  "env.max_context_tokens=300"]
-    proc = subprocess.run([sys.executable, "-m", "agentr1.cli", "evaluate", "--checkpoint", str(policy),
+    proc = subprocess.run([sys.executable, "-m", "cli", "evaluate", "--checkpoint", str(policy),
                            "--data", str(data_dir), "--split", "dev", "--out", str(tmp_path / "eval"),
                            *[x for o in overrides for x in ("-o", o)]],
                           cwd=ROOT, capture_output=True, text=True, timeout=FLOW_TIMEOUT_S,
@@ -353,7 +353,7 @@ def test_two_retrain_flows_at_once_on_a_fresh_store_leave_one_consistent_champio
     overrides = [x for o in [f"data.dir={data_dir}", *TINY, *FAST] for x in ("-o", o)]
     runs = [seeded_run(tmp_path / name, warm_dir) for name in ("a", "b")]
     t0 = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-m", "agentr1.cli", "pipeline", "--flow", "retrain", "--json",
+    procs = [subprocess.Popen([sys.executable, "-m", "cli", "pipeline", "--flow", "retrain", "--json",
                                "--margin", "0", "--output-dir", str(run), *overrides],
                               cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
              for run in runs]

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from test_flows import warm_dir as flows_warm  # noqa: F401  (a fixture: the flows' warm-up, on data_dir)
 from test_trainer import TINY, params
 
-from agentr1.cli import EXIT_TRAINING_FAILED, main
+from cli.main import EXIT_TRAINING_FAILED, main
 from agentr1.config import Config, ConfigError, load_config
 from agentr1.fsutil import atomic_dir, recover_dir
 from agentr1.rl.guard import StepGuard, TrainingDiverged, assert_finite
@@ -304,7 +304,7 @@ def test_resume_from_either_side_of_an_interrupted_checkpoint_swap(data_dir, war
 
 
 def _train_cmd(data_dir, out, iterations: int) -> list[str]:
-    args = [sys.executable, "-m", "agentr1.cli", "train", "--config", "conf/train.yaml", "--stage", "ppo"]
+    args = [sys.executable, "-m", "cli", "train", "--config", "conf/train.yaml", "--stage", "ppo"]
     for o in overrides(data_dir, out, f"ppo.iterations={iterations}", "rollout.backend=hf"):
         args += ["-o", o]
     return args
@@ -368,7 +368,7 @@ def test_the_pipeline_command_says_a_divergence_in_one_line_and_exits_3(prefect_
     from prefect.settings import PREFECT_API_URL
     from test_flows import FAST, seeded_run
 
-    from agentr1.cli import EXIT_TRAINING_FAILED, main
+    from cli.main import EXIT_TRAINING_FAILED, main
 
     monkeypatch.setenv("PREFECT_API_URL", PREFECT_API_URL.value())
     run = seeded_run(tmp_path, flows_warm)
@@ -391,7 +391,7 @@ def _pipeline_cmd(data_dir, out, *extra) -> list[str]:
     from test_flows import FAST
 
     o = [f"data.dir={data_dir}", *TINY, *FAST, "ppo.iterations=3", "rollout.backend=hf", *extra]
-    return [sys.executable, "-m", "agentr1.cli", "pipeline", "--output-dir", str(out), *[x for i in o for x in ("-o", i)]]
+    return [sys.executable, "-m", "cli", "pipeline", "--output-dir", str(out), *[x for i in o for x in ("-o", i)]]
 
 
 @pytest.mark.slow

@@ -407,7 +407,7 @@ def test_evaluate_flow_on_the_registered_champion(prefect_api, data_dir, champio
 def test_cli_runs_a_flow_and_says_where_to_look(prefect_api, data_dir, champion, tmp_path, capsys, monkeypatch):
     from prefect.settings import PREFECT_API_URL
 
-    from agentr1.cli import main
+    from cli.main import main
 
     monkeypatch.setenv("PREFECT_API_URL", PREFECT_API_URL.value())  # never a server someone runs here
     overrides = [x for o in [f"data.dir={data_dir}", *TINY, *FAST] for x in ("-o", o)]

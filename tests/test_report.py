@@ -111,7 +111,7 @@ def tiny_study(prefect_api, tmp_path_factory):
 
 @pytest.mark.slow
 def test_report_regenerates_the_study_from_mlflow(tiny_study, capsys):
-    from agentr1.cli import main
+    from cli.main import main
 
     root, results = tiny_study
     out = root / "results"
@@ -167,7 +167,7 @@ def test_the_export_alone_regenerates_the_report_and_imports_into_another_store(
     import subprocess
     import sys
 
-    from agentr1.cli import main
+    from cli.main import main
     from agentr1.report import read_export
 
     root, _ = tiny_study
@@ -181,7 +181,7 @@ def test_the_export_alone_regenerates_the_report_and_imports_into_another_store(
     # A fresh process, pointed at a store that does not exist: it must not need one.
     nowhere = tmp_path / "no-store"
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{nowhere / 'mlflow.db'}"}
-    cmd = [sys.executable, "-m", "agentr1.cli", "report", "--from", str(export), "--out", str(again),
+    cmd = [sys.executable, "-m", "cli", "report", "--from", str(export), "--out", str(again),
            "--include", str(readme2)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -212,7 +212,7 @@ def test_a_broken_export_is_named_by_file_line_and_field(tmp_path):
 
 
 def test_report_names_what_is_missing(capsys):
-    from agentr1.cli import main
+    from cli.main import main
 
     assert main(["report", "--study", "no-such-study", "--out", "unused"]) == 2
     err = capsys.readouterr().err

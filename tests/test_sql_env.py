@@ -118,13 +118,13 @@ def test_cli_synth_kind_sql_writes_the_same_bytes_in_a_fresh_process(tmp_path, c
     import subprocess
     import sys
 
-    from agentr1.cli import main
+    from cli.main import main
 
     argv = ["data", "synth", "--kind", "sql", "--seed", "3", "--n-train", "20", "--n-dev", "3", "--n-test", "4"]
     assert main([*argv, "--out", str(tmp_path / "a")]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["splits"]["train"]["n"] == 20 and stats["db_rows"]["films"] > 0 and stats["n_docs"] == 4
-    done = subprocess.run([sys.executable, "-m", "agentr1.cli", *argv, "--out", str(tmp_path / "b")],
+    done = subprocess.run([sys.executable, "-m", "cli", *argv, "--out", str(tmp_path / "b")],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONHASHSEED": "99"})
     assert done.returncode == 0, done.stderr
     for name in (DB_FILE, "corpus.jsonl", "qa/train.jsonl", "qa/test.jsonl", ".agentr1-dataset"):
@@ -209,7 +209,7 @@ def test_the_sql_preset_trains_end_to_end(tmp_path):
                  "sft.value_fit_episodes=16", "ppo.iterations=1", "ppo.episodes_per_iter=8", "ppo.minibatch_size=8",
                  "eval.batch_size=16", "model.vocab_size=600", "model.hidden_size=32", "model.num_layers=1",
                  "model.num_heads=2", "model.num_kv_heads=2", "model.intermediate_size=64"]
-    cmd = [sys.executable, "-m", "agentr1.cli", "train", "--config", "conf/sql.yaml"]
+    cmd = [sys.executable, "-m", "cli", "train", "--config", "conf/sql.yaml"]
     for o in overrides:
         cmd += ["-o", o]
     root = Path(__file__).resolve().parents[1]

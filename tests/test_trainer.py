@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from agentr1.cli import main
+from cli.main import main
 from agentr1.config import ConfigError, load_config
 from agentr1.data.records import load_corpus_dir
 from agentr1.trainer import Workspace, corpus_rows, demonstrations_needed, train, train_ppo, warmup

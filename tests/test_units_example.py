@@ -19,7 +19,7 @@ def test_units_example_trains_from_its_plugin(tmp_path):
                  "data.synth.n_train=64", "data.synth.n_dev=8", "data.synth.n_test=16",
                  "sft.episodes=64", "sft.steps=4", "ppo.iterations=1", "ppo.episodes_per_iter=8",
                  "ppo.minibatch_size=8", "eval.batch_size=16"]
-    cmd = [sys.executable, "-m", "agentr1.cli", "train", "--config", "conf/units.yaml"]
+    cmd = [sys.executable, "-m", "cli", "train", "--config", "conf/units.yaml"]
     for o in overrides:
         cmd += ["-o", o]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,

@@ -357,7 +357,7 @@ class ToolEnv(Environment):
                     or not isinstance(call.get("arguments"), dict):
                 return (f"call {k} must be an object naming one of the tools ({', '.join(self._tools)}) "
                         "with an arguments object")
-            from agentr1.env.tools import argument_problem
+            from agentr1.env.protocol import argument_problem
 
             problem = argument_problem(call["arguments"], self._parameters[call["name"]],
                                        self.settings.max_query_chars)

@@ -20,9 +20,10 @@ such as ``"\\udfff"`` decodes to a lone surrogate, which no tokenizer or UTF-8 w
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Any, Literal, Mapping
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
@@ -209,8 +210,6 @@ def _block_body(text: str, start: str, end: str) -> str:
 
 
 def _parse_call(body: str, tools: Mapping[str, dict] | None, max_query_chars: int) -> ParsedTurn:
-    from agentr1.env.tools import argument_problem
-
     try:
         call = json.loads(body)
     except json.JSONDecodeError as err:
@@ -235,6 +234,60 @@ def _parse_call(body: str, tools: Mapping[str, dict] | None, max_query_chars: in
         if problem:
             return _bad_call(problem)
     return ParsedTurn(kind="tool_call", name=name, arguments=_encodable_values(args))
+
+
+# The tools' argument schemas (agentr1/env/tools.py) as the parser checks them
+_SCHEMA_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
+    "array": (list,), "object": (dict,), "null": (type(None),),
+}
+_TYPE_WORDS = {"string": "a non-empty string", "integer": "an integer", "number": "a number",
+               "boolean": "true or false", "array": "an array", "object": "an object", "null": "null"}
+
+
+def _value_problem(value: Any, schema: dict, where: str, max_chars: int) -> str | None:
+    types = schema.get("type", "string")
+    types = [types] if isinstance(types, str) else list(types)
+    if schema.get("nullable"):
+        types.append("null")
+    ok = [t for t in types if isinstance(value, _SCHEMA_TYPES.get(t, ()))
+          and not (t in ("integer", "number") and isinstance(value, bool))]
+    if not ok:
+        return f"{where} must be " + " or ".join(_TYPE_WORDS.get(t, t) for t in types)
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where} must be a finite number"
+    if isinstance(value, str):
+        if not value.strip():
+            return f"{where} must be a non-empty string"
+        if len(value) > max_chars:
+            return f"{where} is longer than {max_chars} characters"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{where} must be one of {', '.join(map(str, schema['enum']))}"
+    if isinstance(value, list):
+        if len(value) > max_chars:
+            return f"{where} has more than {max_chars} items"
+        for i, item in enumerate(value):
+            problem = _value_problem(item, schema.get("items", {}), f"{where}[{i}]", max_chars)
+            if problem:
+                return problem
+    return None
+
+
+def argument_problem(arguments: dict, parameters: dict, max_chars: int) -> str | None:
+    """Why ``arguments`` do not fit the tool's ``parameters`` schema (missing, extra or mistyped
+    argument; a string longer than ``max_chars``), or None. Messages quote only field names."""
+    props = parameters.get("properties", {})
+    missing = [k for k in parameters.get("required", []) if k not in arguments]
+    if missing:
+        return f"missing field arguments.{missing[0]}"
+    extra = sorted(str(k) for k in arguments if k not in props)
+    if extra:
+        return f"unexpected field arguments.{excerpt(extra[0])}"
+    for key, value in arguments.items():
+        problem = _value_problem(value, props[key], f"arguments.{key}", max_chars)
+        if problem:
+            return problem
+    return None
 
 
 def _encodable_values(value):

@@ -4,7 +4,7 @@ A tool is a function (or a small class with a documented ``__call__``, for tools
 state or a batched backend, like the search index) whose type hints and Google-style docstring
 describe its arguments. Its JSON schema comes from transformers' ``get_json_schema``, the
 schema ``apply_chat_template(tools=...)`` renders into the prompt (Hermes/Qwen format), and the
-turn parser checks the model's arguments against it (:func:`argument_problem`), so a wrong type,
+turn parser checks the model's arguments against it (:func:`agentr1.env.protocol.argument_problem`), so a wrong type,
 a missing or an extra argument is an error observation for the agent, never an exception::
 
     def convert(value: float, unit: str) -> str:
@@ -30,7 +30,6 @@ a short, inert excerpt; the environment counts it and applies the bad-call penal
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -39,14 +38,6 @@ from transformers.utils import get_json_schema
 from agentr1.env.protocol import encodable, excerpt
 
 # JSON-schema type name -> the Python types a parsed JSON value of that type has.
-_SCHEMA_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
-    "array": (list,), "object": (dict,), "null": (type(None),),
-}
-_TYPE_WORDS = {"string": "a non-empty string", "integer": "an integer", "number": "a number",
-               "boolean": "true or false", "array": "an array", "object": "an object", "null": "null"}
-
-
 class ToolDefinitionError(ValueError):
     """A tool that cannot be described to the model (no type hints, no docstring, bad name)."""
 
@@ -159,51 +150,6 @@ class Tool:
     def _failure(self, err: Exception) -> ToolOutput:
         detail = excerpt(str(err), 120) if isinstance(err, ToolError) else type(err).__name__
         return ToolOutput(f"Error: tool '{self.name}' failed: {detail}")
-
-
-def _value_problem(value: Any, schema: dict, where: str, max_chars: int) -> str | None:
-    types = schema.get("type", "string")
-    types = [types] if isinstance(types, str) else list(types)
-    if schema.get("nullable"):
-        types.append("null")
-    ok = [t for t in types if isinstance(value, _SCHEMA_TYPES.get(t, ()))
-          and not (t in ("integer", "number") and isinstance(value, bool))]
-    if not ok:
-        return f"{where} must be " + " or ".join(_TYPE_WORDS.get(t, t) for t in types)
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"{where} must be a finite number"
-    if isinstance(value, str):
-        if not value.strip():
-            return f"{where} must be a non-empty string"
-        if len(value) > max_chars:
-            return f"{where} is longer than {max_chars} characters"
-    if "enum" in schema and value not in schema["enum"]:
-        return f"{where} must be one of {', '.join(map(str, schema['enum']))}"
-    if isinstance(value, list):
-        if len(value) > max_chars:
-            return f"{where} has more than {max_chars} items"
-        for i, item in enumerate(value):
-            problem = _value_problem(item, schema.get("items", {}), f"{where}[{i}]", max_chars)
-            if problem:
-                return problem
-    return None
-
-
-def argument_problem(arguments: dict, parameters: dict, max_chars: int) -> str | None:
-    """Why ``arguments`` do not fit the tool's ``parameters`` schema (missing, extra or mistyped
-    argument; a string longer than ``max_chars``), or None. Messages quote only field names."""
-    props = parameters.get("properties", {})
-    missing = [k for k in parameters.get("required", []) if k not in arguments]
-    if missing:
-        return f"missing field arguments.{missing[0]}"
-    extra = sorted(str(k) for k in arguments if k not in props)
-    if extra:
-        return f"unexpected field arguments.{excerpt(extra[0])}"
-    for key, value in arguments.items():
-        problem = _value_problem(value, props[key], f"arguments.{key}", max_chars)
-        if problem:
-            return problem
-    return None
 
 
 def check_unique(tools: Sequence[Tool]) -> None:

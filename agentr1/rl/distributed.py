@@ -3,7 +3,7 @@
 Run PPO iterations on 2 processes (CPU, gloo backend), after a single-process warm-up::
 
     agentr1 train --config conf/train.yaml --stage warmup
-    accelerate launch --multi_gpu --num_processes 2 -m agentr1.cli train --config conf/train.yaml --stage ppo
+    accelerate launch --multi_gpu --num_processes 2 -m cli train --config conf/train.yaml --stage ppo
     agentr1 train --config conf/train.yaml --stage evaluate
 
 ``--multi_gpu`` is accelerate's name for its ``torch.distributed`` launcher; with ``device: cpu``

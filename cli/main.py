@@ -24,45 +24,19 @@ and append it to ``COMMANDS``; a handler takes the parsed args and returns an ex
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import signal
 import sys
 import time
-from typing import Callable, Iterator, Sequence, get_args
+from typing import Callable, Sequence, get_args
 
 from agentr1 import errors
 from agentr1.config import TRAIN_STAGES, ConfigError, SynthConfig
 from agentr1.data.records import DataError
+from cli.console import print_json, quiet_third_party, setup_logging, stdout_to_stderr
 
 # Exit statuses: agentr1/errors.py lists them (one error surface for every command and flow).
 EXIT_OK, EXIT_BAD_INPUT, EXIT_TRAINING_FAILED = errors.EXIT_OK, errors.EXIT_BAD_INPUT, errors.EXIT_TRAINING_FAILED
-
-
-def _print_json(obj: dict) -> None:
-    print(json.dumps(obj, ensure_ascii=False, indent=2))
-
-
-@contextlib.contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """While the body runs, whatever would go to stdout goes to stderr, so a command whose
-    stdout is one JSON document (printed after the body) prints nothing else there.
-
-    File descriptor 1 itself is pointed at stderr, not only ``sys.stdout``: log handlers
-    bound to the stdout object (vLLM's), C extensions and child processes that inherit fd 1
-    (DVC, vLLM's engine core) write to the descriptor.
-    """
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        sys.stdout.flush()  # what handlers holding the stdout object buffered belongs to stderr too
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _parse_weights(text: str) -> tuple[float, ...]:
@@ -102,7 +76,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         splits, corpus = generate(args.seed, args.n_train, args.n_dev, args.n_test, args.hop_weights, names=args.names)
         write_dataset(args.out, splits, corpus)
         stats = dataset_stats(splits, corpus)
-    _print_json({"out": str(args.out), "seed": args.seed, **stats, "seconds": round(time.perf_counter() - start, 2)})
+    print_json({"out": str(args.out), "seed": args.seed, **stats, "seconds": round(time.perf_counter() - start, 2)})
     return EXIT_OK
 
 
@@ -119,14 +93,14 @@ def cmd_data_convert(args: argparse.Namespace) -> int:
     elif args.dev_fraction is not None:
         raise ConfigError("data convert: --dev-fraction needs --test-fraction (train/dev/test by id hash)")
     summary = convert_to_dataset(args.format, args.input, args.out, args.split, fractions)
-    _print_json({"out": str(args.out), **summary})
+    print_json({"out": str(args.out), **summary})
     return EXIT_OK
 
 
 def cmd_data_retrieval_eval(args: argparse.Namespace) -> int:
     from agentr1.data.retrieval_eval import retrieval_eval
 
-    _print_json(retrieval_eval(args.data, args.split, args.k, args.cache_dir))
+    print_json(retrieval_eval(args.data, args.split, args.k, args.cache_dir))
     return EXIT_OK
 
 
@@ -135,7 +109,7 @@ def cmd_data_validate(args: argparse.Namespace) -> int:
     from agentr1.data.records import load_dataset
 
     splits, corpus = load_dataset(args.data)
-    _print_json({"data": str(args.data), "splits": {name: len(rs) for name, rs in splits.items()}, "n_docs": len(corpus)})
+    print_json({"data": str(args.data), "splits": {name: len(rs) for name, rs in splits.items()}, "n_docs": len(corpus)})
     return EXIT_OK
 
 
@@ -219,12 +193,12 @@ def cmd_model_build(args: argparse.Namespace) -> int:
     name = args.name or SMOLLM2_135M.name
     try:
         with stdout_to_stderr():
-            _quiet_third_party()
+            quiet_third_party()
             out = build(name, args.cache or DEFAULT_CACHE, log=lambda line: print(f"agentr1: {line}", file=sys.stderr))
     except ModelSourceError as e:
         print(f"agentr1: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    _print_json({"model": name, "path": str(out)})
+    print_json({"model": name, "path": str(out)})
     return EXIT_OK
 
 
@@ -244,50 +218,16 @@ def _add_model(subparsers: argparse._SubParsersAction) -> None:
 # ---------------------------------------------------------------- train / evaluate
 
 
-QUIET_LOGGERS = ("bm25s", "httpx", "urllib3", "filelock", "alembic", "mlflow")
-"""Third-party loggers held at WARNING: their INFO lines (an index being built, each HTTP
-request) are noise beside the run's own progress. vLLM's go to ERROR: its warnings are about
-its own CPU build (missing Triton, tcmalloc, thread binding), nothing a user of this project acts on."""
-
-
-def _quiet_third_party() -> None:
-    """Third-party chatter only when it matters: :data:`QUIET_LOGGERS` at WARNING, vLLM (its own
-    handler too) at ERROR unless ``VLLM_LOGGING_LEVEL`` asks for more, transformers'
-    weight-loading progress bars off."""
-    import logging
-    import os
-    import warnings
-
-    for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
-    logging.getLogger("vllm").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")  # torch deprecations it trips
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # read when vllm is imported
-    # Read at import by huggingface_hub, so the flows' worker processes inherit it too.
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-
-
-def _setup_logging() -> None:
-    """The run's own progress (INFO) on stderr, third-party chatter quiet."""
-    import logging
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    _quiet_third_party()
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from agentr1.config import load_config
     from agentr1.trainer import train
 
     cfg = load_config(args.config, args.override)
-    _setup_logging()
+    setup_logging()
     stages = tuple(args.stage) if args.stage else TRAIN_STAGES
     with stdout_to_stderr():
         summary = train(cfg, stages=stages)  # a divergence exits 3, the last good checkpoint on disk
-    _print_json(summary)
+    print_json(summary)
     return EXIT_OK
 
 
@@ -300,7 +240,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     overrides = [f"data.dir={args.data}", f"eval.split={args.split}", f"output_dir={args.out}", *args.override]
     cfg = load_config(args.config, overrides)
-    _setup_logging()
+    setup_logging()
     with stdout_to_stderr():
         ws = Workspace.build(cfg)
         claim_run_dir(args.out)  # eval_<split>.json never overwrites a file agentr1 did not write
@@ -308,7 +248,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             raise DataError(str(ws.data_dir / "qa" / f"{args.split}.jsonl"), None, "split", "no such split")
         model, tokenizer = load_actor_critic(args.checkpoint, device=ws.device)
         result = run_eval(cfg, ws, model, tokenizer, ChatFormat(tokenizer, ws.tools), tag=args.split)
-    _print_json(result.metrics)
+    print_json(result.metrics)
     return EXIT_OK
 
 
@@ -383,7 +323,7 @@ def _print_transcript(result: dict) -> None:
 def cmd_ask(args: argparse.Namespace) -> int:
     from agentr1.agent import check_request
 
-    _quiet_third_party()
+    quiet_third_party()
     try:
         check_request(args.question, args.temperature)  # before seconds of loading
         with stdout_to_stderr():
@@ -393,7 +333,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         print(f"agentr1: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.json:
-        _print_json({"model": label, "results": results})
+        print_json({"model": label, "results": results})
     else:
         for result in results:
             _print_transcript(result)
@@ -415,15 +355,15 @@ def _add_ask(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_pipeline(subparsers: argparse._SubParsersAction) -> None:
-    # The Prefect flows live in flows/ (this package never imports Prefect); flows.cli
+    # The Prefect flows live in flows/ (the engine never imports Prefect); cli.flows
     # imports Prefect only when the command runs.
-    from flows.cli import add_pipeline
+    from cli.flows import add_pipeline
 
     add_pipeline(subparsers)
 
 
 def _add_ablate(subparsers: argparse._SubParsersAction) -> None:
-    from flows.cli import add_ablate  # Prefect is imported only when the command runs
+    from cli.flows import add_ablate  # Prefect is imported only when the command runs
 
     add_ablate(subparsers)
 
@@ -444,7 +384,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             from tasks.report import import_study  # MLflow lives in tasks/, not in this package
 
             runs = import_study(args.import_export)
-            _print_json({"imported": args.import_export, "runs": runs})
+            print_json({"imported": args.import_export, "runs": runs})
             return EXIT_OK
         else:
             from tasks.report import write_study_report
@@ -453,7 +393,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     except (LookupError, ValueError) as e:
         print(f"agentr1: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    _print_json({k: str(v) for k, v in paths.items()})
+    print_json({k: str(v) for k, v in paths.items()})
     return EXIT_OK
 
 
@@ -505,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code or 0)
     try:
         return args.func(args)
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP to a flow (flows/cli.py): unwound, resumable
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP to a flow (cli/flows.py): unwound, resumable
         signum = getattr(e, "signum", signal.SIGINT)
         if args.traceback:
             raise

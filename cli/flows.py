@@ -83,9 +83,9 @@ def console_setup(verbose: bool) -> None:
     logging.getLogger(OWN_LOGGER).setLevel(logging.INFO)  # Prefect's root logger passes WARNING only
     if verbose:
         return
-    from agentr1.cli import _quiet_third_party
+    from cli.console import quiet_third_party
 
-    _quiet_third_party()
+    quiet_third_party()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # MLflow sets its loggers' level when imported
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # torch's C++ NUMA notice when vLLM binds threads
@@ -184,7 +184,7 @@ def run_flow(args: argparse.Namespace, flow, params):
     the MLflow run ends KILLED, every ``finally`` runs, and the process exits through ``atexit``,
     which stops Prefect's temporary server. The default action would end the process on the spot
     and leave the server running and the flow run Running."""
-    from agentr1.cli import stdout_to_stderr
+    from cli.console import stdout_to_stderr
 
     previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
