@@ -260,30 +260,11 @@ class Config(_Section):
     ppo: PPOConfig = PPOConfig()
     eval: EvalConfig = EvalConfig()
 
-    @model_validator(mode="before")
-    @classmethod
-    def _load_plugins(cls, data: Any) -> Any:
-        # Before the sections are checked, so env.kind / env.tools may name what they register.
-        from agentr1.env.registry import load_plugins
-
-        plugins = data.get("plugins") if isinstance(data, dict) else None
-        if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
-            load_plugins(plugins)
-        return data
-
     @model_validator(mode="after")
     def _check_baselines(self) -> "Config":
         if self.eval.baselines and self.model.kind != "pretrained":
             raise ValueError("eval.baselines: only a pretrained model has an untrained baseline "
                              "(a from-scratch model knows nothing before its warm-up)")
-        return self
-
-    @model_validator(mode="after")
-    def _check_env(self) -> "Config":
-        from agentr1.env.registry import check_tools, env_kind
-
-        env_kind(self.env.kind)
-        check_tools(self.env.tools)
         return self
 
 

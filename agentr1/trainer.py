@@ -33,7 +33,7 @@ from agentr1 import checkpoint as ckpt
 from agentr1.config import TRAIN_STAGES, Config, ConfigError
 from agentr1.data.records import (DataError, QARecord, generation_needed, load_corpus_dir, load_dataset, split_path,
                                   write_dataset)
-from agentr1.env.agents import run_episodes
+from agentr1.env.episodes import run_episodes
 from agentr1.env.base import Environment, NoDemonstrations
 from agentr1.env.registry import build_env, synth_data
 from agentr1.evaluate import EvalResult, evaluate, render_trajectory

@@ -10,14 +10,20 @@ Measures, in one process and one run:
 - the **PPO update** (:func:`agentr1.rl.ppo.ppo_update`, the default run's epochs and
   minibatches) on a synthetic batch shaped like the default run's episodes;
 
-each in fp32 and under bf16 autocast (``ppo.mixed_precision``), on the default run's model
-(``conf/train.yaml``, built fresh: FLOPs do not depend on the weights).
+each in fp32 and under bf16 autocast (``ppo.mixed_precision``), on the config's model: the
+default run's (``conf/train.yaml``, built fresh: FLOPs do not depend on the weights) or a
+pretrained preset's (``--config conf/smollm2.yaml``: SmolLM2-135M-Instruct after ``make model``,
+its ``model.trainable_layers`` frozen below as in training, episodes shaped like its own).
 
-FLOPs per step follow the usual convention: ``6·N·tokens`` for the non-embedding weights,
-``6·d·V`` per position where logits are computed (the tied LM head), and ``12·layers·d·T``
-per token for attention (T the row's length, counted as if not causal). Usage::
+FLOPs per step follow the usual convention, counting only what runs: a forward is
+``2·N·tokens`` over the non-embedding weights it passes through, a backward ``4·N·tokens`` over
+the trainable ones (none runs below the lowest trainable layer); the tied LM head ``2·d·V`` per
+logit position forward, as much again backward for the gradient of the hidden state (twice if
+the head is trained); attention ``4·d·T`` per token and layer forward, ``8·d·T`` backward (T the
+row's length, counted as if not causal). The PPO update reuses the frozen layers' output that
+scoring computed (``ScoredBatch.trunk``), so its forward covers the trainable layers only. Usage::
 
-    python benchmarks/update_efficiency.py [--config conf/train.yaml] [--n 2048] [--steps 10]
+    python benchmarks/update_efficiency.py [--config conf/train.yaml | conf/smollm2.yaml] [--n 2048] [--steps 10]
 """
 from __future__ import annotations
 
@@ -35,12 +41,16 @@ from agentr1.rl.sft import sft_loss
 from agentr1.rollout.batch import collate
 from agentr1.rollout.engine import Trajectory
 from agentr1.trainer import make_accelerator, ppo_hyper
-from models.policy import ModelSpec, attention_for_precision, build_policy
+from models.policy import ModelSpec, attention_for_precision, build_policy, count_parameters, train_top_layers
+from models.pretrained import load_pretrained
 from models.tokenizer import build_tokenizer
 
-# The default run's episodes, measured (docs/experiments/2026-11-30-learning-to-copy.md, item 5):
-# a 20-token prompt, ~21 action tokens in 3 turns of ~7, observations of ~35 tokens between them.
-PROMPT, TURN, OBSERVATION, TURNS = 20, 7, 35, 3
+# Episode shapes (prompt, tokens per turn, observation, turns), measured. The default run's
+# (docs/experiments/2026-11-30-learning-to-copy.md, item 5): a 20-token prompt, ~21 action tokens
+# in 3 turns of ~7, observations of ~35 tokens between them. SmolLM2's (conf/smollm2.yaml,
+# docs/experiments/2026-12-02-smollm2.md): its template's default system turn and the question
+# ~60 tokens, turns ~16 (a JSON call in <tool_call> tags), one document of ~50 tokens.
+EPISODE = {"scratch": (20, 7, 35, 3), "pretrained": (60, 16, 50, 3)}
 
 
 def matmul_peak(dtype: torch.dtype, n: int, reps: int = 20, device: torch.device | str = "cpu") -> float:
@@ -61,24 +71,47 @@ def matmul_peak(dtype: torch.dtype, n: int, reps: int = 20, device: torch.device
     return 2 * n ** 3 * reps / best / 1e9
 
 
-def step_flops(model, tokens: int, logit_positions: int, row_len: float) -> float:
+def step_flops(model, tokens: int, logit_positions: int, row_len: float, forward_from_trunk: bool = False) -> float:
+    """FLOPs of one step over ``tokens`` (module docstring); ``forward_from_trunk``: the frozen
+    layers' output is given (the PPO update), so only the trainable layers run forward."""
     cfg = model.policy.config
     d, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
-    dense = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n and "lm_head" not in n)
-    return 6 * dense * tokens + 6 * d * vocab * logit_positions + 12 * layers * d * row_len * tokens
+    frozen = getattr(model, "frozen_layers", 0) or 0
+
+    def dense(params) -> int:
+        return sum(p.numel() for n, p in params if "embed_tokens" not in n and "lm_head" not in n)
+
+    params = list(model.named_parameters())
+    trainable = dense((n, p) for n, p in params if p.requires_grad)
+    forward = trainable if forward_from_trunk else dense(params)
+    forward_layers = layers - frozen if forward_from_trunk else layers
+    head_trained = model.policy.get_output_embeddings().weight.requires_grad
+    return (2 * forward * tokens + 4 * trainable * tokens
+            + (2 + (4 if head_trained else 2)) * d * vocab * logit_positions
+            + (4 * forward_layers + 8 * (layers - frozen)) * d * row_len * tokens)
 
 
-def synthetic_episode(rng: random.Random, vocab: int, rid: int) -> Trajectory:
-    ids, mask, ends = [rng.randrange(vocab) for _ in range(PROMPT)], [0] * PROMPT, []
-    for k in range(TURNS):
-        ids += [rng.randrange(vocab) for _ in range(TURN)]
-        mask += [1] * TURN
+def synthetic_episode(rng: random.Random, vocab: int, rid: int, shape: tuple[int, int, int, int]) -> Trajectory:
+    prompt, turn, observation, turns = shape
+    ids, mask, ends = [rng.randrange(vocab) for _ in range(prompt)], [0] * prompt, []
+    for k in range(turns):
+        ids += [rng.randrange(vocab) for _ in range(turn)]
+        mask += [1] * turn
         ends.append(len(ids) - 1)
-        if k < TURNS - 1:
-            ids += [rng.randrange(vocab) for _ in range(OBSERVATION)]
-            mask += [0] * OBSERVATION
+        if k < turns - 1:
+            ids += [rng.randrange(vocab) for _ in range(observation)]
+            mask += [0] * observation
     logprobs = [-1.0 if m else 0.0 for m in mask]
-    return Trajectory(f"x{rid}", ids, mask, logprobs, PROMPT, ends, [0.2] * TURNS, float(rng.random() < 0.5))
+    return Trajectory(f"x{rid}", ids, mask, logprobs, prompt, ends, [0.2] * turns, float(rng.random() < 0.5))
+
+
+def make_model(cfg, tokenizer):
+    """The config's model as training builds it: fresh from its spec, or the pretrained
+    checkpoint with its lower layers frozen (``model.trainable_layers``)."""
+    if cfg.model.kind == "pretrained":
+        return train_top_layers(load_pretrained(cfg.model.name_or_path)[0], cfg.model.trainable_layers)
+    return train_top_layers(build_policy(ModelSpec.from_config(cfg.model), tokenizer, seed=0),
+                            cfg.model.trainable_layers)
 
 
 def timed(fn, steps: int) -> float:
@@ -97,12 +130,18 @@ def main() -> None:
     args = ap.parse_args()
     cfg = load_config(args.config)
     rng = random.Random(0)
-    # A vocabulary like the default run's (its size is what the FLOPs depend on).
-    splits, corpus = generate(0, n_train=2000, n_dev=1, n_test=1, names=cfg.data.synth.names)
-    texts = [f"{d.title}\n{d.text}" for d in corpus] + [r.question for r in splits["train"]]
-    tokenizer = build_tokenizer(texts, vocab_size=cfg.model.vocab_size)
-    print(f"threads {torch.get_num_threads()}, model {cfg.model.hidden_size}x{cfg.model.num_layers}, "
-          f"vocab {len(tokenizer)}", flush=True)
+    shape = EPISODE[cfg.model.kind]
+    if cfg.model.kind == "pretrained":
+        tokenizer = load_pretrained(cfg.model.name_or_path)[1]
+    else:  # a vocabulary like the default run's (its size is what the FLOPs depend on)
+        splits, corpus = generate(0, n_train=2000, n_dev=1, n_test=1, names=cfg.data.synth.names)
+        texts = [f"{d.title}\n{d.text}" for d in corpus] + [r.question for r in splits["train"]]
+        tokenizer = build_tokenizer(texts, vocab_size=cfg.model.vocab_size)
+    probe = make_model(cfg, tokenizer)
+    print(f"threads {torch.get_num_threads()}, model {args.config} ({count_parameters(probe) / 1e6:.1f}M parameters, "
+          f"{count_parameters(probe, trainable_only=True) / 1e6:.1f}M trainable), vocab {len(tokenizer)}, "
+          f"episodes of {sum(shape[:1]) + shape[1] * shape[3] + shape[2] * (shape[3] - 1)} tokens", flush=True)
+    del probe
 
     peaks = {"fp32": matmul_peak(torch.float32, args.n), "bf16": matmul_peak(torch.bfloat16, args.n)}
     print(f"peak matmul GFLOP/s ({args.n}^3): fp32 {peaks['fp32']:.0f}, bf16 {peaks['bf16']:.0f} "
@@ -110,15 +149,15 @@ def main() -> None:
 
     rows = []
     for precision in ("no", "bf16"):
-        model = build_policy(ModelSpec.from_config(cfg.model), tokenizer, seed=0)
+        model = make_model(cfg, tokenizer)
         attention_for_precision(model, torch.device("cpu"), precision)
         acc = make_accelerator(cfg, torch.device("cpu"), precision, 1)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
         model, opt = acc.prepare(model, opt)
         vocab, bs = len(tokenizer), cfg.sft.batch_size
 
         corpus = torch.randint(vocab, (bs, cfg.sft.corpus_block))
-        demos = [synthetic_episode(rng, vocab, i) for i in range(bs)]
+        demos = [synthetic_episode(rng, vocab, i, shape) for i in range(bs)]
         demo_ids = torch.tensor([t.token_ids for t in demos])
         demo_target = torch.tensor([t.action_mask[1:] for t in demos], dtype=torch.float)
 
@@ -130,14 +169,15 @@ def main() -> None:
             opt.zero_grad(set_to_none=True)
 
         corpus_target = torch.ones(bs, corpus.shape[1] - 1)
-        for name, ids, target in (("warm-up corpus step", corpus, corpus_target),
-                                  ("warm-up demo step", demo_ids, demo_target)):
+        steps = (("warm-up corpus step", corpus, corpus_target),) if cfg.sft.corpus_steps else ()
+        for name, ids, target in (*steps, ("warm-up demo step", demo_ids, demo_target)):
             sec = timed(lambda: sft_step(ids, target), args.steps)
             flops = step_flops(acc.unwrap_model(model), ids.numel(), int(target.sum()), ids.shape[1])
             rows.append((name, precision, sec, ids.numel() / sec, flops / sec / 1e9))
 
         hp = ppo_hyper(cfg)
-        batch = collate([synthetic_episode(rng, vocab, i) for i in range(cfg.ppo.episodes_per_iter)], 0)
+        batch = collate([synthetic_episode(rng, vocab, i, shape) for i in range(cfg.ppo.episodes_per_iter)],
+                        tokenizer.pad_token_id or 0)
         with acc.autocast():
             scored, _ = score_batch(model, model, batch, hp)
         guard = StepGuard(cfg.max_nonfinite_steps)
@@ -145,7 +185,7 @@ def main() -> None:
         sec = timed(lambda: ppo_update(model, opt, acc, batch, scored, hp, gen, guard), max(1, args.steps // 5))
         tokens = int(batch.attention_mask.sum()) * hp.epochs
         flops = step_flops(acc.unwrap_model(model), tokens, int(batch.action_mask.sum()) * hp.epochs,
-                           batch.input_ids.shape[1])
+                           batch.input_ids.shape[1], forward_from_trunk=scored.trunk is not None)
         rows.append((f"PPO update ({hp.epochs} epochs x {cfg.ppo.episodes_per_iter // hp.minibatch_size} mb)",
                      precision, sec, tokens / sec, flops / sec / 1e9))
 

@@ -220,9 +220,10 @@ def _add_model(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from agentr1.config import load_config
+    from agentr1.env.registry import resolve
     from agentr1.trainer import train
 
-    cfg = load_config(args.config, args.override)
+    cfg = resolve(load_config(args.config, args.override))
     setup_logging()
     stages = tuple(args.stage) if args.stage else TRAIN_STAGES
     with stdout_to_stderr():
@@ -233,13 +234,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from agentr1.config import load_config
+    from agentr1.env.registry import resolve
     from agentr1.rundir import claim_run_dir
     from agentr1.trainer import Workspace, run_eval
     from models.chat import ChatFormat
     from models.policy import load_actor_critic
 
     overrides = [f"data.dir={args.data}", f"eval.split={args.split}", f"output_dir={args.out}", *args.override]
-    cfg = load_config(args.config, overrides)
+    cfg = resolve(load_config(args.config, overrides))
     setup_logging()
     with stdout_to_stderr():
         ws = Workspace.build(cfg)
@@ -289,9 +291,10 @@ def _load_agent(args: argparse.Namespace):
     if path.is_dir() and not (path / "MLmodel").is_file():
         from agentr1.agent import Agent
         from agentr1.config import load_config
+        from agentr1.env.registry import resolve
         from agentr1.data.records import corpus_path
 
-        cfg = load_config(args.config, args.override)
+        cfg = resolve(load_config(args.config, args.override))
         agent = Agent(cfg, path, args.corpus or corpus_path(cfg.data.dir))
         return str(path), agent.answer
     import mlflow

@@ -65,6 +65,7 @@ from agentr1.config import (
 )
 from tasks import tracking
 from tasks.params import REPO_ROOT, DataSource, preset_path
+from agentr1.env.registry import resolve
 from agentr1.rundir import claim_run_dir
 from agentr1.trainer import finished_warmup
 from tasks.training import metrics_logger, warm_up, workspace
@@ -203,7 +204,7 @@ def load_spec(preset: str = DEFAULT_PRESET, overrides: list[str] | None = None,
 
 def base_config(spec: AblationSpec) -> Config:
     """The training config every variant derives from (``output_dir`` = the ablation root)."""
-    return load_config(preset_path(spec.base), [*spec.overrides, f"output_dir={spec.output_dir}"])
+    return resolve(load_config(preset_path(spec.base), [*spec.overrides, f"output_dir={spec.output_dir}"]))
 
 
 def plan(spec: AblationSpec, cfg: Config) -> list[Job]:

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentr1.config import Config, load_config
+from agentr1.env.registry import resolve
 from agentr1.data.convert import DEFAULT_DEV_FRACTION
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -132,4 +133,4 @@ def resolve_config(form: ConfigForm, flow: str, extra: list[str] | None = None) 
         overrides.insert(0, f"output_dir={default_output_dir(flow)}")
     elif form.output_dir:
         overrides.insert(0, f"output_dir={form.output_dir}")
-    return load_config(preset_path(form.preset), overrides)
+    return resolve(load_config(preset_path(form.preset), overrides))

@@ -8,7 +8,8 @@ import pytest
 
 from agentr1.data import synth
 from agentr1.env import agents
-from agentr1.env.agents import ExpertNoise, NoisyExpertAgent, OracleAgent, run_episode, run_episodes
+from agentr1.env.agents import ExpertNoise, NoisyExpertAgent, OracleAgent
+from agentr1.env.episodes import run_episode, run_episodes
 from agentr1.env.protocol import TOOL_RESPONSE_START, parse_turn
 from agentr1.config import EnvConfig, RewardConfig
 from agentr1.env.qa_env import EnvSettings, QAEnv

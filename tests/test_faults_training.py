@@ -199,7 +199,7 @@ def test_real_data_is_demonstrated_and_a_record_it_cannot_be_is_refused_before_a
     and field, before anything is written."""
     from test_convert import HOTPOT, needs_real
 
-    from agentr1.env.agents import run_episodes
+    from agentr1.env.episodes import run_episodes
     from agentr1.trainer import check_demonstrable
 
     if needs_real.args[0]:

@@ -9,7 +9,7 @@ import pytest
 from agentr1.config import Config
 from agentr1.data.mixed_synth import generate
 from agentr1.data.records import write_dataset
-from agentr1.env.agents import run_episodes
+from agentr1.env.episodes import run_episodes
 from agentr1.env.mixed_env import oracle
 from agentr1.env.protocol import format_call
 from agentr1.env.registry import build_env

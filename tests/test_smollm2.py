@@ -15,7 +15,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from agentr1.env.agents import NoisyExpertAgent, ExpertNoise, run_episodes
+from agentr1.env.agents import ExpertNoise, NoisyExpertAgent
+from agentr1.env.episodes import run_episodes
 from agentr1.env.protocol import TOOL_CALL_END, TOOL_CALL_START, ANSWER_END, ANSWER_START
 from agentr1.rl.guard import StepGuard
 from agentr1.rl.ppo import forward_tokens, ppo_update, score_batch

@@ -11,7 +11,8 @@ import pytest
 from agentr1.config import Config
 from agentr1.data.records import DataError, QARecord, load_dataset, write_dataset
 from agentr1.data.sql_synth import SQL_RELATIONS, generate
-from agentr1.env.agents import ExpertNoise, run_episodes
+from agentr1.env.agents import ExpertNoise
+from agentr1.env.episodes import run_episodes
 from agentr1.env.protocol import format_answer, format_call
 from agentr1.env.registry import build_env
 from agentr1.env.sql import DB_FILE

@@ -8,12 +8,13 @@ import textwrap
 
 import pytest
 
-from agentr1.config import ConfigError, EnvConfig, RewardConfig, load_config
+from agentr1.config import EnvConfig, RewardConfig, load_config
 from agentr1.data.records import DataError, Document, QARecord
-from agentr1.env.agents import run_episodes
+from agentr1.env.episodes import run_episodes
 from agentr1.env.base import EnvSettings, ToolEnv
 from agentr1.env.protocol import format_answer, format_call
 from agentr1.env.qa_env import QAEnv
+from agentr1.env.registry import RegistryError, build_env, resolve
 from agentr1.env.rewards import RewardWeights
 from agentr1.env.search import SearchIndex
 from agentr1.env.tools import Tool, ToolDefinitionError, ToolError
@@ -186,12 +187,16 @@ def test_real_qa_data_is_demonstrated_by_searching_the_supporting_titles(tmp_pat
 
 
 def test_unknown_env_kind_and_tool_name_the_key_and_the_known_names():
-    with pytest.raises(ConfigError, match=r"env.kind: unknown environment 'sqlx'; registered: mixed, qa, sql, tools"):
-        load_config(None, ["env.kind=sqlx"])
-    with pytest.raises(ConfigError, match=r"env.tools: unknown tool 'calc'; registered: .*search"):
-        load_config(None, ["env.tools=[calc]"])
-    with pytest.raises(ConfigError, match=r"plugins: cannot load 'missing_plugin.py'"):
-        load_config(None, ["plugins=[missing_plugin.py]"])
+    """Validating a config runs no plug-in code; resolving it loads the plug-ins and checks the names."""
+    cfg = load_config(None, ["plugins=[missing_plugin.py]", "env.kind=sqlx"])  # validates: names are not its job
+    with pytest.raises(RegistryError, match=r"plugins: cannot load 'missing_plugin.py'"):
+        resolve(cfg)
+    with pytest.raises(RegistryError, match=r"env.kind: unknown environment 'sqlx'; registered: mixed, qa, sql, tools"):
+        resolve(load_config(None, ["env.kind=sqlx"]))
+    with pytest.raises(RegistryError, match=r"env.tools: unknown tool 'calc'; registered: .*search"):
+        resolve(load_config(None, ["env.tools=[calc]"]))
+    with pytest.raises(RegistryError, match=r"env.kind: unknown environment 'sqlx'"):  # nor can an env be built
+        build_env(load_config(None, ["env.kind=sqlx"]), "data")
 
 
 def test_a_plugin_registers_its_tool_and_a_bad_tool_fails_at_load(tmp_path):
@@ -208,13 +213,13 @@ def test_a_plugin_registers_its_tool_and_a_bad_tool_fails_at_load(tmp_path):
             """
             return text.upper()
     '''))
-    cfg = load_config(None, [f"plugins=[{good}]", "env.kind=tools", "env.tools=[shout]"])
+    cfg = resolve(load_config(None, [f"plugins=[{good}]", "env.kind=tools", "env.tools=[shout]"]))
     assert cfg.env.tools == ["shout"]
     bad = tmp_path / "bad_plugin.py"
     bad.write_text("from agentr1.env.registry import register_tool\n\n@register_tool\ndef nodoc(x: int) -> str:\n"
                    "    return ''\n")
-    with pytest.raises(ConfigError, match=r"cannot load .*bad_plugin.py.*tool nodoc.*docstring"):
-        load_config(None, [f"plugins=[{bad}]"])
+    with pytest.raises(RegistryError, match=r"cannot load .*bad_plugin.py.*tool nodoc.*docstring"):
+        resolve(load_config(None, [f"plugins=[{bad}]"]))
 
 
 def test_the_cli_names_an_unknown_kind_and_exits_2():

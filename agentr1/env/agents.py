@@ -1,4 +1,4 @@
-"""Scripted agents that play an environment, and the loop that runs them.
+"""Scripted agents that play an environment (``agentr1.env.episodes`` runs them).
 
 ``OracleAgent`` proves the synthetic task is solvable through search alone: it takes only
 the hop-0 entity (which is in the question) and the relation path from ``meta["chain"]``;
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Collection, Protocol, Sequence
+from typing import Callable, Collection, Protocol, Sequence
 
 from agentr1.data.records import QARecord
 from agentr1.data.synth import extract_relation
@@ -32,9 +32,6 @@ from agentr1.env.protocol import (
     format_tool_call,
     parse_turn,
 )
-
-if TYPE_CHECKING:
-    from agentr1.env.base import Environment, StepResult
 
 # Said when the relation cannot be read from the returned documents (never by the oracle on
 # synthetic data; kept non-empty so the turn is still a well-formed answer).
@@ -196,19 +193,6 @@ def _malformed_call(variant: int, query: str, tool: str = SEARCH_TOOL_NAME) -> s
     return f"{TOOL_CALL_START}{body}{TOOL_CALL_END}"
 
 
-@dataclass
-class Transcript:
-    messages: list[dict]
-    """[system, user, assistant, tool, assistant, ...]; tool contents are bodies without the wrapper."""
-    metrics: dict[str, float]
-    """``env.episode_metrics`` of the finished episode."""
-    turn_texts: list[str]
-    observations: list[str]
-    process_rewards: list[float]
-    """One per assistant turn."""
-    outcome_reward: float
-
-
 class PerRecordAgent:
     """``first`` on the records ``use_first`` picks, ``other`` on the rest."""
 
@@ -243,42 +227,3 @@ class GoldCallsAgent:
             body = json.dumps({"name": call["name"], "arguments": call["arguments"]}, ensure_ascii=False)
             return f"{TOOL_CALL_START}{body[:-1]}{TOOL_CALL_END}"  # missing closing brace
         return format_call(call["name"], call["arguments"])
-
-
-def run_episodes(env: Environment, agent: Agent, records: Sequence[QARecord]) -> list[Transcript]:
-    """Play every record to the end, all episodes stepped together (one search batch per turn)."""
-    states = [env.reset(record) for record in records]
-    transcripts = [
-        Transcript(
-            messages=[
-                {"role": "system", "content": env.system_prompt()},
-                {"role": "user", "content": env.user_prompt(record)},
-            ],
-            metrics={}, turn_texts=[], observations=[], process_rewards=[], outcome_reward=0.0,
-        )
-        for record in records
-    ]
-    active = list(range(len(records)))
-    while active:
-        texts = [agent.act(records[i], transcripts[i].messages) for i in active]
-        results = env.step_batch([states[i] for i in active], texts)
-        for i, text, result in zip(active, texts, results):
-            _record_turn(transcripts[i], text, result)
-        active = [i for i, result in zip(active, results) if not result.done]
-    for state, transcript in zip(states, transcripts):
-        transcript.metrics = env.episode_metrics(state)
-    return transcripts
-
-
-def _record_turn(transcript: Transcript, text: str, result: StepResult) -> None:
-    transcript.messages.append({"role": "assistant", "content": text})
-    transcript.turn_texts.append(text)
-    transcript.process_rewards.append(result.process_reward)
-    transcript.outcome_reward = result.outcome_reward
-    if result.observation is not None:
-        transcript.messages.append({"role": "tool", "content": result.observation})
-        transcript.observations.append(result.observation)
-
-
-def run_episode(env: Environment, agent: Agent, record: QARecord) -> Transcript:
-    return run_episodes(env, agent, [record])[0]

@@ -11,8 +11,8 @@ calls), and the tools ``search`` and ``sql``. A user's module registers more wit
     def convert(value: float, unit: str) -> str:
         '''Convert a length to metres. ...'''
 
-and a config names it: ``plugins: [my_tools.py]`` (a module name or a ``.py`` file, imported
-before the config is validated), ``env: {kind: tools, tools: [convert]}``. See docs/add-a-tool.md.
+and a config names it: ``plugins: [my_tools.py]`` (a module name or a ``.py`` file, imported when
+the config is resolved, :func:`resolve`), ``env: {kind: tools, tools: [convert]}``. See docs/add-a-tool.md.
 
 A tool is registered as a function (its schema checked at registration: a missing type hint or
 docstring fails right there) or, with ``factory=True``, as ``factory(cfg, data_dir) -> callable``
@@ -195,6 +195,17 @@ def check_tools(names: list[str]) -> None:
                             "(a plug-in registers more: `plugins` in the config, docs/add-a-tool.md)")
 
 
+def resolve(cfg: Config) -> Config:
+    """``cfg`` once its plug-ins are loaded and ``env.kind`` and ``env.tools`` are checked against
+    what is registered (RegistryError naming the key and the known names). Validating a config
+    runs no plug-in code; every entry point resolves the config it loaded, and building an
+    environment or its data resolves again (idempotent), so no path runs on an unresolved one."""
+    load_plugins(cfg.plugins)
+    env_kind(cfg.env.kind)
+    check_tools(cfg.env.tools)
+    return cfg
+
+
 def load_plugins(specs: list[str]) -> None:
     """Import each plug-in: a module name (``my_pkg.tools``) or a ``.py`` file path (relative to
     the working directory); RegistryError naming the entry when it cannot be imported."""
@@ -240,7 +251,7 @@ def build_tools(cfg: Config, data_dir: Path, names: list[str] | tuple[str, ...])
 def build_env(cfg: Config, data_dir: str | Path) -> Environment:
     """The environment ``cfg.env.kind`` over the dataset (or resources) in ``data_dir``, with
     its own tools and ``cfg.env.tools``."""
-    kind = env_kind(cfg.env.kind)
+    kind = env_kind(resolve(cfg).env.kind)
     names = list(dict.fromkeys([*kind.tools, *cfg.env.tools]))
     env = _resolve(kind.build)(cfg, Path(data_dir), build_tools(cfg, Path(data_dir), names))
     env.kind = kind.name
@@ -249,5 +260,5 @@ def build_env(cfg: Config, data_dir: str | Path) -> Environment:
 
 def synth_data(cfg: Config) -> tuple[dict, list] | None:
     """The synthetic dataset of ``cfg.env.kind`` (None when the kind has no generator)."""
-    kind = env_kind(cfg.env.kind)
+    kind = env_kind(resolve(cfg).env.kind)
     return _resolve(kind.synth)(cfg) if kind.synth is not None else None
