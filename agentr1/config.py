@@ -183,6 +183,14 @@ class SFTConfig(_Section):
     expert: ExpertConfig = ExpertConfig()
 
 
+Estimator = Literal["gae", "grpo", "rloo", "reinforce_pp"]
+"""The advantage estimators (``agentr1/rl/core.py``), by their config names."""
+GROUP_ESTIMATORS = ("grpo", "rloo")
+"""Estimators that compare the samples of one question with each other (``ppo.group_size`` > 1)."""
+KLKind = Literal["k1", "k2", "k3"]
+"""Estimators of KL(pi || pi_ref) per token (``agentr1.rl.core.kl_penalty``)."""
+
+
 class PPOConfig(_Section):
     iterations: int = Field(60, ge=0)
     episodes_per_iter: int = Field(64, ge=1)
@@ -192,7 +200,7 @@ class PPOConfig(_Section):
     minibatch_size: int = Field(16, ge=1)
     grad_accum: int = Field(1, ge=1)
     lr: float = Field(1e-4, gt=0)
-    estimator: Literal["gae", "grpo", "rloo", "reinforce_pp"] = "gae"
+    estimator: Estimator = "gae"
     loss_mask: bool = True
     """Average policy/value loss, KL and entropy over action tokens only."""
     advantage_mask: bool = True
@@ -202,7 +210,7 @@ class PPOConfig(_Section):
     vf_coef: float = 0.5
     vf_clip: float = 0.2
     kl_coef: float = Field(0.02, ge=0)
-    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    kl_kind: KLKind = "k3"
     kl_in_reward: bool = False
     kl_clamp: float = 10.0
     entropy_coef: float = 0.0
@@ -218,7 +226,7 @@ class PPOConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> "PPOConfig":
-        if self.estimator in ("grpo", "rloo") and self.group_size < 2:
+        if self.estimator in GROUP_ESTIMATORS and self.group_size < 2:
             raise ValueError(f"ppo.group_size must be >= 2 for estimator {self.estimator!r}")
         if self.episodes_per_iter % self.group_size:
             raise ValueError("ppo.episodes_per_iter must be a multiple of ppo.group_size")

@@ -114,7 +114,7 @@ class Workspace:
     @property
     def system_prompt(self) -> str | None:
         """The system message, None when configured empty (no system turn at all)."""
-        return self.env.system_prompt() or None
+        return self.env.system_turn()
 
     @classmethod
     def build(cls, cfg: Config) -> "Workspace":
@@ -279,7 +279,7 @@ def corpus_rows(ws: Workspace, tokenizer, block: int) -> torch.Tensor:
 
 
 def encode_transcripts(chat, env: Environment, records, transcripts) -> list[tuple[list[int], list[int]]]:
-    system = env.system_prompt() or None
+    system = env.system_turn()
     return chat.encode_episodes([(system, env.user_prompt(r), t.turn_texts, t.observations)
                                  for r, t in zip(records, transcripts)])
 
@@ -701,7 +701,7 @@ def naive_rag_engine(cfg: Config, ws: Workspace, model, tokenizer, chat, records
 
     env = build_env(cfg.model_copy(update={"env": cfg.env.model_copy(update={"max_turns": 2})}), ws.data_dir)
     engine = make_engine(cfg, env, model, tokenizer, chat, ws.device)
-    system = env.system_prompt() or None
+    system = env.system_turn()
     first = {tuple(chat.prompt_ids(system, env.user_prompt(r))):
              chat.turn_ids(format_tool_call(r.question[: cfg.env.max_query_chars])) for r in records}
     engine.backend = NaiveRAGBackend(engine.backend, first, chat.prefix_ids(ANSWER_START))

@@ -24,6 +24,7 @@ import re
 import signal
 import sys
 import urllib.request
+from typing import get_args
 
 from agentr1 import errors
 from agentr1.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
@@ -232,14 +233,17 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_pipeline(subparsers: argparse._SubParsersAction) -> None:
+    from tasks.params import DEFAULT_PRESET, DataSource  # pydantic forms only: no Prefect, no MLflow
+
     p = subparsers.add_parser("pipeline", help="run a Prefect flow here (pipeline, retrain, evaluate); prints a summary")
     p.add_argument("--flow", choices=FLOWS, default="pipeline")
-    p.add_argument("--preset", default="train", help="conf/<preset>.yaml or a YAML path (default: train)")
+    p.add_argument("--preset", default=DEFAULT_PRESET,
+                   help=f"conf/<preset>.yaml or a YAML path (default: {DEFAULT_PRESET})")
     p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
                    help="set a config value by dotted key, e.g. -o ppo.iterations=5 (repeatable)")
     p.add_argument("--output-dir", default=None, help="run directory (default: runs/<flow>/<UTC time>)")
     p.add_argument("--margin", type=float, default=None, help="pipeline/retrain: promotion margin")
-    p.add_argument("--source", choices=("synthetic", "hotpotqa", "musique"), default=None,
+    p.add_argument("--source", choices=get_args(DataSource.model_fields["kind"].annotation), default=None,
                    help="pipeline/retrain: where the data comes from when data.dir holds none (default: synthetic)")
     p.add_argument("--input", default=None, help="pipeline/retrain: the HotpotQA / MuSiQue file to convert")
     p.add_argument("--dev-fraction", type=float, default=None, help="pipeline/retrain: share of converted records in dev")

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentr1.config import Config, load_config
+from agentr1.config import Config, Estimator, load_config
 from agentr1.env.registry import resolve
 from agentr1.data.convert import DEFAULT_DEV_FRACTION
 
@@ -66,7 +66,7 @@ class TrainForm(ConfigForm):
 
     seed: int | None = Field(None, description="Seed of everything random.")
     ppo_iterations: int | None = Field(None, ge=0, description="PPO iterations after the warm-up.")
-    estimator: Literal["gae", "grpo", "rloo", "reinforce_pp"] | None = Field(None, description="Advantage estimator.")
+    estimator: Estimator | None = Field(None, description="Advantage estimator.")
     loss_mask: bool | None = Field(None, description="Keep environment tokens out of the losses.")
     advantage_mask: bool | None = Field(None, description="GAE over action tokens only.")
     process_reward: bool | None = Field(None, description="Dense process rewards on top of the outcome.")

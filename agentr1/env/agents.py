@@ -45,7 +45,7 @@ _MALFORMED_CALLS = (
 )
 
 
-class Agent(Protocol):
+class ScriptedAgent(Protocol):
     def act(self, record: QARecord, messages: list[dict]) -> str:
         """The next assistant turn's text, given the chat so far (system, user, assistant/tool...)."""
         ...
@@ -196,7 +196,7 @@ def _malformed_call(variant: int, query: str, tool: str = SEARCH_TOOL_NAME) -> s
 class PerRecordAgent:
     """``first`` on the records ``use_first`` picks, ``other`` on the rest."""
 
-    def __init__(self, use_first: Callable[[QARecord], bool], first: Agent, other: Agent):
+    def __init__(self, use_first: Callable[[QARecord], bool], first: ScriptedAgent, other: ScriptedAgent):
         self.use_first, self.first, self.other = use_first, first, other
 
     def act(self, record: QARecord, messages: list[dict]) -> str:

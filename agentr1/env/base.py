@@ -38,7 +38,7 @@ from agentr1.env.tools import Tool, ToolOutput, check_unique
 
 if TYPE_CHECKING:
     from agentr1.config import EnvConfig, ExpertConfig
-    from agentr1.env.agents import Agent
+    from agentr1.env.agents import ScriptedAgent
 
 END_ANSWER = "answer"
 END_MAX_TURNS = "max_turns"
@@ -143,6 +143,11 @@ class Environment(ABC):
     @abstractmethod
     def system_prompt(self) -> str: ...
 
+    def system_turn(self) -> str | None:
+        """The episode's system message as the chat format takes it: None when the system prompt
+        is empty (``env.system_prompt: ""``), which means no system turn at all."""
+        return self.system_prompt() or None
+
     @abstractmethod
     def user_prompt(self, record: QARecord) -> str: ...
 
@@ -165,7 +170,7 @@ class Environment(ABC):
     def step(self, state: Any, turn_text: str) -> StepResult:
         return self.step_batch([state], [turn_text])[0]
 
-    def demonstrator(self, expert: ExpertConfig | None, seed: int) -> Agent:
+    def demonstrator(self, expert: ExpertConfig | None, seed: int) -> ScriptedAgent:
         """The scripted agent whose transcripts seed the warm-up (``expert``: its mistakes; None:
         none)."""
         raise NoDemonstrations(f"the {self.kind!r} environment has no scripted demonstrator: train from an "
@@ -335,7 +340,7 @@ class ToolEnv(Environment):
         calls = record.meta.get("calls")
         return calls if isinstance(calls, list) else None
 
-    def demonstrator(self, expert: ExpertConfig | None, seed: int) -> Agent:
+    def demonstrator(self, expert: ExpertConfig | None, seed: int) -> ScriptedAgent:
         from agentr1.env.agents import GoldCallsAgent
 
         return GoldCallsAgent(self.gold_calls, malformed=expert.malformed if expert else 0.0, seed=seed)

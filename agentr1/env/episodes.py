@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from agentr1.data.records import QARecord
-from agentr1.env.agents import Agent
+from agentr1.env.agents import ScriptedAgent
 from agentr1.env.base import Environment, StepResult
 
 
@@ -24,7 +24,7 @@ class Transcript:
     outcome_reward: float
 
 
-def run_episodes(env: Environment, agent: Agent, records: Sequence[QARecord]) -> list[Transcript]:
+def run_episodes(env: Environment, agent: ScriptedAgent, records: Sequence[QARecord]) -> list[Transcript]:
     """Play every record to the end, all episodes stepped together (one search batch per turn)."""
     states = [env.reset(record) for record in records]
     transcripts = [
@@ -59,5 +59,5 @@ def _record_turn(transcript: Transcript, text: str, result: StepResult) -> None:
         transcript.observations.append(result.observation)
 
 
-def run_episode(env: Environment, agent: Agent, record: QARecord) -> Transcript:
+def run_episode(env: Environment, agent: ScriptedAgent, record: QARecord) -> Transcript:
     return run_episodes(env, agent, [record])[0]

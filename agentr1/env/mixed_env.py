@@ -27,7 +27,7 @@ from agentr1.env.tools import Tool
 
 if TYPE_CHECKING:
     from agentr1.config import ExpertConfig
-    from agentr1.env.agents import Agent
+    from agentr1.env.agents import ScriptedAgent
 
 TOOLS = (SEARCH_TOOL_NAME, SQL_TOOL_NAME)
 SYSTEM_PROMPT = (
@@ -50,7 +50,7 @@ class MixedEnv(QAEnv):
         return record.supporting_docs + tuple(h["answer"] for h in hops if isinstance(h, dict)
                                               and h.get("tool") == SQL_TOOL_NAME and isinstance(h.get("answer"), str))
 
-    def demonstrator(self, expert: ExpertConfig | None, seed: int) -> Agent:
+    def demonstrator(self, expert: ExpertConfig | None, seed: int) -> ScriptedAgent:
         gold = super(QAEnv, self).demonstrator(expert, seed)  # ToolEnv's: the record's gold calls
         return PerRecordAgent(lambda r: "chain" in r.meta, SQLExpertAgent(ExpertNoise.from_config(expert, seed)), gold)
 

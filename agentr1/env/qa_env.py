@@ -26,7 +26,7 @@ from agentr1.env.tools import Tool
 
 if TYPE_CHECKING:
     from agentr1.config import ExpertConfig
-    from agentr1.env.agents import Agent
+    from agentr1.env.agents import ScriptedAgent
 
 # The interface's types, under the names callers used when this module held them.
 __all__ = ["END_ANSWER", "END_MAX_TURNS", "EnvSettings", "EpisodeState", "QAEnv", "StepResult", "build"]
@@ -60,7 +60,7 @@ class QAEnv(ToolEnv):
         return [{"name": SEARCH_TOOL_NAME, "arguments": {"query": self._titles[d][: self.settings.max_query_chars]}}
                 for d in record.supporting_docs]
 
-    def demonstrator(self, expert: ExpertConfig | None, seed: int) -> Agent:
+    def demonstrator(self, expert: ExpertConfig | None, seed: int) -> ScriptedAgent:
         """The noisy expert on synthetic questions, the gold trajectory on the others."""
         from agentr1.env.agents import ExpertNoise, NoisyExpertAgent, PerRecordAgent
 

@@ -40,7 +40,7 @@ from agentr1.env.tools import Tool
 
 if TYPE_CHECKING:
     from agentr1.config import ExpertConfig
-    from agentr1.env.agents import Agent
+    from agentr1.env.agents import ScriptedAgent
 
 SYSTEM_PROMPT = (
     "Answer the question by querying an SQLite database. To query, write "
@@ -139,7 +139,7 @@ class SQLEnv(ToolEnv):
         values = record.meta.get("gold_values")
         return tuple(v for v in values if isinstance(v, str)) if isinstance(values, list) else ()
 
-    def demonstrator(self, expert: ExpertConfig | None, seed: int) -> Agent:
+    def demonstrator(self, expert: ExpertConfig | None, seed: int) -> ScriptedAgent:
         return PerRecordAgent(lambda r: "chain" in r.meta, SQLExpertAgent(ExpertNoise.from_config(expert, seed)),
                               super().demonstrator(expert, seed))
 

@@ -23,9 +23,10 @@ Rules every function keeps
 
 from __future__ import annotations
 
-from typing import Literal
 
 import torch
+
+from agentr1.config import KLKind
 
 EPS = 1e-8
 """Added to denominators (standard deviations, counts) so that nothing divides by zero."""
@@ -36,8 +37,6 @@ meaningless anyway, so the log ratio is clamped first (as verl does)."""
 
 PPO_LOG_RATIO_LIMIT = 20.0
 """log(pi/pi_old) is clamped before exp() so a stale or broken token cannot make the ratio inf."""
-
-KLKind = Literal["k1", "k2", "k3"]
 
 
 def _as_bool(mask: torch.Tensor) -> torch.Tensor:

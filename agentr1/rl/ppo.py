@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
+from agentr1.config import Estimator
 from agentr1.rl.core import (
     compute_gae,
     entropy_from_logits,
@@ -47,7 +47,7 @@ class PPOHyper:
     """The knobs of one PPO update, without defaults: they come from the validated config only
     (``agentr1.trainer.ppo_hyper``), so the default run has one source (``agentr1/config.py``)."""
 
-    estimator: Literal["gae", "grpo", "rloo", "reinforce_pp"]
+    estimator: Estimator
     loss_mask: bool
     advantage_mask: bool
     epochs: int

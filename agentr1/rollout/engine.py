@@ -100,7 +100,7 @@ class RolloutEngine:
         s = self.settings
         temp = s.temperature if temperature is None else temperature
         states = [self.env.reset(r) for r in records]
-        system = self.env.system_prompt() or None  # empty: no system turn
+        system = self.env.system_turn()
         trajs = []
         for i, r in enumerate(records):
             ids = self.chat.prompt_ids(system, self.env.user_prompt(r))
