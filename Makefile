@@ -50,11 +50,11 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed data/corpus.jsonl
 
 test: setup model
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=30
 
 # The quick subset: everything not marked slow.
 test-fast: setup model
-	$(VENV)/bin/pytest -q -m "not slow"
+	$(VENV)/bin/pytest -q -m "not slow" --durations=15
 
 train: setup
 	$(VENV)/bin/agentr1 train --config conf/train.yaml

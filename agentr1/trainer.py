@@ -33,9 +33,10 @@ from agentr1 import checkpoint as ckpt
 from agentr1.config import TRAIN_STAGES, Config, ConfigError
 from agentr1.data.records import (DataError, QARecord, generation_needed, load_corpus_dir, load_dataset, split_path,
                                   write_dataset)
-from agentr1.env.episodes import run_episodes
 from agentr1.env.base import Environment, NoDemonstrations
+from agentr1.env.episodes import run_episodes
 from agentr1.env.registry import build_env, synth_data
+from agentr1.errors import UserError
 from agentr1.evaluate import EvalResult, evaluate, render_trajectory
 from agentr1.fsutil import recover_dir, verify_manifest, write_json
 from agentr1.rl.guard import StepGuard, TrainingDiverged, assert_finite_outputs
@@ -468,6 +469,9 @@ class PPOSession:
         out = Path(cfg.output_dir)
         self.last = recover_dir(out / LAST_DIR)  # a kill -9 mid-swap leaves the old checkpoint aside
         resume = self.last.exists()
+        if not resume and not (out / WARMUP_DIR).exists():
+            raise UserError(f"{out / WARMUP_DIR}: no warm-up to start PPO from; run the warm-up first "
+                            f"(agentr1 train --stage warmup, or the whole run without --stage)")
         verify_manifest(out / WARMUP_DIR, f"delete {out / WARMUP_DIR} to warm up again")
         if resume:
             verify_manifest(self.last, f"move {self.last} away to restart PPO from the warm-up")

@@ -319,7 +319,7 @@ def _print_transcript(result: dict) -> None:
     print(f"Q: {result['question']}")
     for part in result["transcript"]:
         print(f"  [{part['role']}] {part['text'].strip()}")
-    print(f"A: {result['answer']}   ({result['turns']} turns, {len(result['tool_calls'])} searches, "
+    print(f"A: {result['answer']}   ({result['turns']} turns, {len(result['tool_calls'])} tool calls, "
           f"ended by {result['finish']})\n")
 
 
@@ -344,7 +344,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 
 def _add_ask(subparsers: argparse._SubParsersAction) -> None:
-    ask = subparsers.add_parser("ask", help="the trained agent answers questions (searches, then answers)")
+    ask = subparsers.add_parser("ask", help="the trained agent answers questions (calls its tools, then answers)")
     ask.add_argument("--model", default="champion",
                      help="champion (default) or another alias, a registered version number, a models:/ URI, a "
                           "logged MLflow model directory, or a policy directory (then --config says its run)")

@@ -192,6 +192,15 @@ def test_training_without_a_train_split_is_refused_before_any_write(data_dir, tm
     assert not out.exists()
 
 
+def test_ppo_without_a_warm_up_says_to_warm_up_first(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "--config", "conf/train.yaml", "--stage", "ppo", *sum((["-o", o] for o in overrides(data_dir, out)), [])])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"agentr1: error: {out / 'warmup'}: no warm-up to start PPO from; run the warm-up first" in err
+    assert "Traceback" not in err and not (out / "checkpoints").exists()
+
+
 def test_real_data_is_demonstrated_and_a_record_it_cannot_be_is_refused_before_any_write(tmp_path, capsys):
     """Converted HotpotQA has no relation chains (that was a KeyError deep in the warm-up, after
     the run directory was made): its demonstrations are gold searches of each record's supporting

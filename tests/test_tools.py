@@ -10,8 +10,8 @@ import pytest
 
 from agentr1.config import EnvConfig, RewardConfig, load_config
 from agentr1.data.records import DataError, Document, QARecord
-from agentr1.env.episodes import run_episodes
 from agentr1.env.base import EnvSettings, ToolEnv
+from agentr1.env.episodes import run_episodes
 from agentr1.env.protocol import format_answer, format_call
 from agentr1.env.qa_env import QAEnv
 from agentr1.env.registry import RegistryError, build_env, resolve
@@ -259,3 +259,79 @@ def test_each_environment_kind_has_its_own_registered_model():
     assert qualified_ref("champion", other) == "models:/agentr1-policy-tools@champion"
     assert qualified_ref("3", other) == "models:/agentr1-policy-tools/3"
     assert qualified_ref("models:/agentr1-policy@champion", other) == "models:/agentr1-policy@champion"
+
+
+@pytest.fixture
+def registry_restored():
+    """The registry as it was before the test (a plug-in's registrations would outlive it)."""
+    from agentr1.env import registry
+
+    envs, tools = dict(registry._ENVS), dict(registry._TOOLS)
+    yield
+    registry._ENVS.clear()
+    registry._ENVS.update(envs)
+    registry._TOOLS.clear()
+    registry._TOOLS.update(tools)
+
+
+def test_a_plugin_names_its_failing_line_and_a_replaced_tool_is_said(tmp_path, caplog, registry_restored):
+    """A plug-in that fails at import names its own file and line; one that registers a tool under
+    a registered name warns (the built-in sql tool would be silently replaced); a factory needs
+    name=, the name the model calls."""
+    import logging
+
+    from agentr1.env import registry
+
+    broken = tmp_path / "broken_plugin.py"
+    broken.write_text("import os\n\nvalue = 1\nraise RuntimeError('catalogue.json is missing')\n")
+    with pytest.raises(RegistryError, match=rf"cannot load .*broken_plugin.py' \({broken}:4\): RuntimeError: "
+                                            r"catalogue.json is missing"):
+        resolve(load_config(None, [f"plugins=[{broken}]"]))
+    syntax = tmp_path / "syntax_plugin.py"
+    syntax.write_text("x = 1\ndef f(:\n")
+    with pytest.raises(RegistryError, match=rf"\({syntax}:2\): SyntaxError"):
+        resolve(load_config(None, [f"plugins=[{syntax}]"]))
+    with pytest.raises(RegistryError, match=r"factory=True\) needs name="):
+        registry.register_tool(factory=True)
+
+    shadow = tmp_path / "shadow_plugin.py"
+    shadow.write_text(textwrap.dedent('''
+        from agentr1.env.registry import register_tool
+
+        @register_tool(name="sql")
+        def my_sql(query: str) -> str:
+            """Not the built-in.
+
+            Args:
+                query: Anything.
+            """
+            return query
+    '''))
+    with caplog.at_level(logging.WARNING, logger="agentr1.plugins"):
+        resolve(load_config(None, [f"plugins=[{shadow}]"]))
+    assert "tool 'sql' from agentr1_plugin_shadow_plugin:my_sql replaces the registered tool 'sql' " \
+           "(agentr1.env.sql:sql_tool)" in caplog.text
+
+
+@pytest.mark.parametrize("returned, said", [
+    ("[{'id': 'q1'}]", "a list of 1 items"),
+    ("({'train': [{'id': 'q1', 'question': 'x'}]}, [])", "a dict in split 'train', not a QARecord"),
+    ("({'train': []}, [{'id': 'd1'}])", "a dict in the corpus, not a Document"),
+    ("({'train': []}, [], {'catalogue.json': 'text'})", "files that are not {file name: bytes}"),
+])
+def test_a_generator_returning_the_wrong_shape_is_named(tmp_path, returned, said, registry_restored):
+    plugin = tmp_path / f"gen_{abs(hash(returned))}.py"
+    plugin.write_text(textwrap.dedent(f'''
+        from agentr1.env.registry import register_environment
+
+        def shop_data(cfg):
+            return {returned}
+
+        register_environment("shop_{abs(hash(returned))}", "agentr1.env.base:build_tool_env", synth=shop_data)
+    '''))
+    cfg = load_config(None, [f"plugins=[{plugin}]", f"env.kind=shop_{abs(hash(returned))}"])
+    from agentr1.env.registry import synth_data
+
+    with pytest.raises(RegistryError, match=r"its generator agentr1_plugin_gen_\d+:shop_data returned ") as err:
+        synth_data(cfg)
+    assert said in str(err.value)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import sys
 from dataclasses import dataclass
 from functools import partial
@@ -32,6 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from agentr1.errors import UserError
+
+log = logging.getLogger("agentr1.plugins")
 
 if TYPE_CHECKING:
     from agentr1.config import Config
@@ -144,6 +147,15 @@ def _resolve(target: Callable | str) -> Callable:
     return getattr(importlib.import_module(module), attr)
 
 
+def _replacing(kind: str, name: str, old: Any | None, new: Callable) -> None:
+    """Warn when a registration replaces another (a plug-in's tool named ``sql`` takes the built-in's
+    place in every run that loads it); registering the same target again is silent."""
+    if old is not None and old is not new:
+        where = old if isinstance(old, str) else f"{getattr(old, '__module__', '?')}:{getattr(old, '__qualname__', old)}"
+        log.warning("%s %r from %s:%s replaces the registered %s %r (%s)", kind, name, new.__module__,
+                    getattr(new, "__qualname__", new), kind, name, where)
+
+
 def register_environment(name: str, build: Callable | None = None, *, tools: tuple[str, ...] | list[str] = (),
                          synth: Callable | None = None, description: str = "",
                          record_rules: tuple[RecordRule, ...] | list[RecordRule] = (GOLD_CALLS_RULE,)) -> Callable:
@@ -153,6 +165,7 @@ def register_environment(name: str, build: Callable | None = None, *, tools: tup
     (default: gold calls, what ``ToolEnv``'s demonstrator plays). Used as a call, or as a
     decorator without ``build``."""
     def decorate(target: Callable) -> Callable:
+        _replacing("environment", name, _ENVS[name].build if name in _ENVS else None, target)
         _ENVS[name] = EnvKind(name, target, tuple(tools), synth, description or (target.__doc__ or "").strip(),
                               tuple(record_rules))
         return target
@@ -161,13 +174,19 @@ def register_environment(name: str, build: Callable | None = None, *, tools: tup
 
 def register_tool(fn: Callable | None = None, *, name: str | None = None, factory: bool = False):
     """Register a tool function (``@register_tool`` or ``@register_tool(name=...)``); with
-    ``factory=True`` the function is ``factory(cfg, data_dir)`` returning the tool callable."""
+    ``factory=True`` the function is ``factory(cfg, data_dir)`` returning the tool callable, and
+    ``name=`` is required: it is the name the model calls, which the factory's own is not."""
+    if factory and not name:
+        raise RegistryError("register_tool(factory=True) needs name=...: the model calls the tool by that name "
+                            "(the factory's own name would be used otherwise)")
+
     def decorate(target: Callable) -> Callable:
         from agentr1.env.tools import Tool
 
         tool_name = name or getattr(target, "__name__", type(target).__name__.lower())
         if not factory:
             tool_name = Tool.from_callable(target, name).name  # schema problems fail at import time
+        _replacing("tool", tool_name, _TOOLS[tool_name].make if tool_name in _TOOLS else None, target)
         _TOOLS[tool_name] = ToolEntry(tool_name, target, factory)
         return target
     return decorate(fn) if fn is not None else decorate
@@ -225,7 +244,21 @@ def load_plugins(specs: list[str]) -> None:
             else:
                 importlib.import_module(spec)
         except Exception as err:  # noqa: BLE001 - any failure is the plug-in's; say which
-            raise RegistryError(f"plugins: cannot load {spec!r}: {type(err).__name__}: {err}") from err
+            raise RegistryError(f"plugins: cannot load {spec!r}{_plugin_line(err, spec)}: "
+                                f"{type(err).__name__}: {err}") from err
+
+
+def _plugin_line(err: BaseException, spec: str) -> str:
+    """`` (path:line)``: the deepest frame of the traceback that lies in the plug-in's own file
+    (or package), where the import failed; empty when none does (e.g. a missing module)."""
+    import traceback
+
+    own = str(Path(spec).resolve()) if spec.endswith(".py") else None
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if (own and f.filename == own) or (not own and spec.replace(".", "/") in f.filename)]
+    if isinstance(err, SyntaxError) and err.filename and (not own or err.filename == own):
+        return f" ({err.filename}:{err.lineno})"
+    return f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
 
 
 def plugin_files(specs: list[str]) -> list[Path]:
@@ -259,6 +292,39 @@ def build_env(cfg: Config, data_dir: str | Path) -> Environment:
 
 
 def synth_data(cfg: Config) -> tuple[dict, list] | None:
-    """The synthetic dataset of ``cfg.env.kind`` (None when the kind has no generator)."""
+    """The synthetic dataset of ``cfg.env.kind`` (None when the kind has no generator), checked
+    for the shape every generator returns: RegistryError naming the generator and what it gave."""
     kind = env_kind(resolve(cfg).env.kind)
-    return _resolve(kind.synth)(cfg) if kind.synth is not None else None
+    if kind.synth is None:
+        return None
+    generator = _resolve(kind.synth)
+    out = generator(cfg)
+    problem = _generated_problem(out)
+    if problem:
+        raise RegistryError(f"env.kind {kind.name!r}: its generator {generator.__module__}:{generator.__qualname__} "
+                            f"returned {problem}; expected (splits, corpus) or (splits, corpus, files): splits "
+                            "{'train': [QARecord, ...], 'dev': [...], 'test': [...]}, corpus [Document, ...], files "
+                            "{file name: bytes} (agentr1.data.records; docs/add-a-tool.md)")
+    return out
+
+
+def _generated_problem(out: Any) -> str | None:
+    from agentr1.data.records import Document, QARecord
+
+    if not isinstance(out, tuple | list) or len(out) not in (2, 3):
+        return f"a {type(out).__name__}" + (f" of {len(out)} items" if isinstance(out, tuple | list) else "")
+    splits, corpus, *files = out
+    if not isinstance(splits, dict) or not all(isinstance(v, list | tuple) for v in splits.values()):
+        return f"splits as a {type(splits).__name__}, not a dict of lists"
+    for name, records in splits.items():
+        bad = next((r for r in records if not isinstance(r, QARecord)), None)
+        if bad is not None:
+            return f"a {type(bad).__name__} in split {name!r}, not a QARecord"
+    bad = next((d for d in corpus if not isinstance(d, Document)), None) if isinstance(corpus, list | tuple) else corpus
+    if bad is not None:
+        return f"a {type(bad).__name__} in the corpus, not a Document" if isinstance(corpus, list | tuple) \
+            else f"the corpus as a {type(corpus).__name__}, not a list of Document"
+    if files and not (isinstance(files[0], dict) and all(isinstance(k, str) and isinstance(v, bytes)
+                                                          for k, v in files[0].items())):
+        return "files that are not {file name: bytes}"
+    return None
