@@ -310,6 +310,12 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     if episodes:
         log.info("warm-up: %d expert episodes (expert EM %.3f), %.1f action tokens/episode, built in %.1fs",
                  len(episodes), expert_em, np.mean([sum(m) for _, m in episodes]), time.time() - t0)
+        if cfg.reward.process_enabled and cfg.reward.process_new_support and \
+                not any(t.metrics.get("retrieval_hit") for t in transcripts):
+            log.warning("warm-up: no demonstration found a gold key (support recall 0 in all %d): the tools return "
+                        "no keys that match the records' supporting_docs (a plain string has none; ToolOutput(text, "
+                        "keys) gives them), so reward.process_new_support never pays and RL learns from the outcome "
+                        "and the per-call terms alone (docs/add-a-tool.md)", len(transcripts))
 
     sft = cfg.sft
     corpus_steps = sft.corpus_steps if cfg.model.kind == "scratch" else 0
