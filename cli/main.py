@@ -9,6 +9,7 @@
     agentr1 train --config conf/train.yaml [-o key=value ...]
     agentr1 evaluate --checkpoint DIR --data DIR --split test [--config FILE] [-o key=value ...]
     agentr1 ask --model champion|<version>|<dir> [--json] [--corpus FILE] [--temperature T --seed N] "question" ...
+    agentr1 serve --model champion|<version>|<dir> [--host 127.0.0.1 --port 8000]   (OpenAI chat completions)
     agentr1 pipeline [--flow pipeline|retrain|evaluate] [--preset train] [-o key=value ...]   (Prefect flows)
     agentr1 ablate [--preset quick] [-o key=value ...] [--output-dir DIR]   (the ablation flow)
     agentr1 report --study NAME [--run RUN_ID ...] [--out docs/results] [--include README.md]   (from MLflow)
@@ -281,24 +282,22 @@ def _add_evaluate(subparsers: argparse._SubParsersAction) -> None:
 # ---------------------------------------------------------------- ask
 
 
-def _load_agent(args: argparse.Namespace):
-    """``(label, answer)``: ``answer(questions, temperature, seed) -> list[dict]`` of the model
-    ``args.model`` names: a registered reference, a logged MLflow model directory (with its
-    ``MLmodel`` file) or a policy directory (whose run config is ``--config`` + ``-o``)."""
+def load_agent(args: argparse.Namespace):
+    """``(label, Agent)`` of the model ``args.model`` names: a registered reference, a logged
+    MLflow model directory (with its ``MLmodel`` file) or a policy directory (whose run config
+    is ``--config`` + ``-o``); ``args.corpus`` replaces the corpus its search tool reads."""
     from pathlib import Path
 
     path = Path(args.model)
     if path.is_dir() and not (path / "MLmodel").is_file():
         from agentr1.agent import Agent
         from agentr1.config import load_config
-        from agentr1.env.registry import resolve
         from agentr1.data.records import corpus_path
+        from agentr1.env.registry import resolve
 
         cfg = resolve(load_config(args.config, args.override))
-        agent = Agent(cfg, path, args.corpus or corpus_path(cfg.data.dir))
-        return str(path), agent.answer
+        return str(path), Agent(cfg, path, args.corpus or corpus_path(cfg.data.dir))
     import mlflow
-    import pandas as pd
 
     if path.is_dir():
         uri = str(path)
@@ -307,12 +306,7 @@ def _load_agent(args: argparse.Namespace):
 
         uri = model_uri(args.model)
     model = mlflow.pyfunc.load_model(uri, model_config={"corpus": args.corpus} if args.corpus else None)
-
-    def answer(questions: list[str], temperature: float, seed: int) -> list[dict]:
-        params = {"temperature": temperature, "seed": seed}
-        return model.predict(pd.DataFrame({"question": questions}), params=params)
-
-    return uri, answer
+    return uri, model.unwrap_python_model().agent  # tasks/agent_model.py's AgentModel, loaded
 
 
 def _print_transcript(result: dict) -> None:
@@ -330,8 +324,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     try:
         check_request(args.question, args.temperature)  # before seconds of loading
         with stdout_to_stderr():
-            label, answer = _load_agent(args)
-            results = answer(args.question, args.temperature, args.seed)
+            label, agent = load_agent(args)
+            results = agent.answer(args.question, args.temperature, args.seed)
     except (LookupError, ValueError, FileNotFoundError) as e:
         print(f"agentr1: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -423,6 +417,13 @@ def _add_report(subparsers: argparse._SubParsersAction) -> None:
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_data, _add_search, _add_model, _add_train,
                                                                 _add_evaluate, _add_ask]
+def _add_serve(subparsers: argparse._SubParsersAction) -> None:
+    from cli.serve import add_serve  # FastAPI and uvicorn are imported only when the command runs
+
+    add_serve(subparsers)
+
+
+COMMANDS.append(_add_serve)
 COMMANDS.append(_add_pipeline)
 COMMANDS.append(_add_ablate)
 COMMANDS.append(_add_report)

@@ -1,0 +1,173 @@
+"""`agentr1 serve`: the trained policy behind OpenAI's chat-completions protocol, driven by the
+official `openai` client on localhost (a tool round trip, streaming, refusals as HTTP 400), and
+the mapping of a conversation onto the training format (agentr1/openai_chat.py)."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from agentr1.env.protocol import format_answer, format_call
+from agentr1.openai_chat import ChatRequestError, episode
+
+SEARCH = {"type": "function", "function": {"name": "search", "description": "Search the documents.",
+                                           "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                                                          "required": ["query"]}}}
+
+
+def _call(name: str, arguments: dict, call_id: str = "call_1") -> dict:
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"id": call_id, "type": "function",
+                            "function": {"name": name, "arguments": json.dumps(arguments)}}]}
+
+
+def test_a_conversation_maps_onto_the_training_format():
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Who founded "}, {"type": "text", "text": "X?"}]},
+                _call("search", {"query": "X"}), {"role": "tool", "tool_call_id": "call_1", "content": "doc one"},
+                {"role": "tool", "tool_call_id": "call_1", "content": "doc two"}]
+    system, question, turns = episode(messages)
+    assert system is False and question == "Who founded X?"  # no system message: the run's own
+    assert turns == [(format_call("search", {"query": "X"}), "doc one\n\ndoc two")]
+    # An empty system message removes the system turn; an assistant's text is its answer turn.
+    system, _, turns = episode([{"role": "system", "content": ""}, {"role": "user", "content": "q"},
+                                _call("search", {"query": "q"}), {"role": "tool", "content": "r"},
+                                {"role": "assistant", "content": "<tool_call>{}</tool_call>"},
+                                {"role": "tool", "content": "s"}])
+    assert system is None and turns[1] == ("<tool_call>{}</tool_call>", "s")
+    with pytest.raises(ChatRequestError, match=r"messages\[2\].role: 'tool' here; expected nothing after the answer"):
+        episode([{"role": "user", "content": "q"}, {"role": "assistant", "content": "plain"},
+                 {"role": "tool", "content": "x"}])
+    assert format_answer("plain") == "<answer>plain</answer>"
+
+
+@pytest.mark.parametrize("messages, said", [
+    ([], "messages must be a non-empty list"),
+    ([{"role": "assistant", "content": "hi"}], "messages[0].role: 'assistant' here; expected a user message"),
+    ([{"role": "user", "content": "q"}, {"role": "user", "content": "again"}], "messages[1].role: 'user' here"),
+    ([{"role": "user", "content": "q"}, {"role": "tool", "content": "r"}], "messages[1].role: 'tool' here"),
+    ([{"role": "user", "content": "q"}, {**_call("search", {"query": "a"}), "tool_calls": [
+        _call("search", {"query": "a"})["tool_calls"][0]] * 2}], "exactly one call per turn (got 2)"),
+    ([{"role": "user", "content": "q"}, _call("search", {"query": "a"})], "ends with the model's own turn"),
+    ([{"role": "user", "content": {"image": 1}}], "messages[0].content must be a string or a list of text parts"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "search", "arguments": "{not json"}}]}],
+     "messages[1].tool_calls[0].function.arguments is not JSON"),
+])
+def test_requests_the_policy_cannot_answer_are_named(messages, said):
+    with pytest.raises(ChatRequestError) as err:
+        episode(messages)
+    assert said in str(err.value)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A tiny policy warmed up on the expert's demonstrations (it learns the call-then-answer
+    format in ~100 steps), served by `agentr1 serve`'s app on a free localhost port."""
+    import uvicorn
+
+    from agentr1.agent import Agent
+    from agentr1.config import load_config
+    from agentr1.data.records import corpus_path
+    from agentr1.env.registry import resolve
+    from agentr1.openai_chat import ChatCompletions
+    from agentr1.trainer import Workspace, warmup
+    from cli.serve import make_app
+
+    root = tmp_path_factory.mktemp("serve")
+    overrides = [f"data.dir={root / 'data'}", f"output_dir={root / 'run'}", "data.synth.n_train=400",
+                 "data.synth.n_dev=4", "data.synth.n_test=16", "model.vocab_size=900", "model.hidden_size=64",
+                 "model.num_layers=2", "model.num_heads=2", "model.num_kv_heads=2", "model.intermediate_size=128",
+                 "sft.episodes=400", "sft.corpus_steps=0", "sft.steps=150", "sft.batch_size=16",
+                 "sft.value_fit_episodes=0", "sft.expert.stop_short_3hop=0", "sft.expert.distractor=0",
+                 "sft.expert.malformed=0", "rollout.backend=hf", "device=cpu"]
+    cfg = resolve(load_config("conf/train.yaml", overrides))
+    ws = Workspace.build(cfg)
+    warmup(cfg, ws)
+    agent = Agent(cfg, root / "run" / "warmup", corpus_path(cfg.data.dir))
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(make_app(ChatCompletions(agent, "agentr1")), host="127.0.0.1", port=port,
+                                        log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.05)
+    yield {"url": f"http://127.0.0.1:{port}/v1", "test": ws.split("test"), "env": agent.env}
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.mark.slow  # ~30 s: a 150-step warm-up
+def test_the_openai_client_makes_a_tool_round_trip(server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server["url"], api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["agentr1"]
+    record = server["test"][0]
+    messages = [{"role": "user", "content": record.question}]
+    first = client.chat.completions.create(model="agentr1", messages=messages, tools=[SEARCH], temperature=0)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "search"
+    query = json.loads(call.function.arguments)["query"]
+    assert isinstance(query, str) and query
+    assert first.usage.completion_tokens > 0 and first.usage.prompt_tokens > 0
+
+    def run_search(q: str) -> str:  # the client runs the tool: here, the project's own search
+        (output, failed), = server["env"].tool("search").run_batch([{"query": q}])
+        assert not failed
+        return output.text
+
+    observation = run_search(query)
+    messages += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": observation}]
+    turns = [first]
+    for _ in range(4):  # the agent searches until it can answer (at most env.max_turns turns)
+        reply = client.chat.completions.create(model="agentr1", messages=messages, tools=[SEARCH], temperature=0)
+        turns.append(reply)
+        if reply.choices[0].finish_reason != "tool_calls":
+            break
+        (call,) = reply.choices[0].message.tool_calls
+        messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id,
+                      "content": run_search(json.loads(call.function.arguments)["query"])}]
+    last = turns[-1].choices[0]
+    assert last.finish_reason == "stop" and last.message.content and not last.message.tool_calls, last
+
+
+@pytest.mark.slow
+def test_streaming_and_refusals_over_http(server):
+    import openai
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server["url"], api_key="unused", max_retries=0)
+    question = [{"role": "user", "content": server["test"][1].question}]
+    whole = client.chat.completions.create(model="agentr1", messages=question, tools=[SEARCH], temperature=0)
+    chunks = list(client.chat.completions.create(model="agentr1", messages=question, tools=[SEARCH], temperature=0,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason == "tool_calls"
+    streamed = chunks[0].choices[0].delta.tool_calls[0].function
+    assert (streamed.name, streamed.arguments) == (whole.choices[0].message.tool_calls[0].function.name,
+                                                   whole.choices[0].message.tool_calls[0].function.arguments)
+    # A tool the request does not offer is not returned as a call: the text comes back as content.
+    other = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
+    offered = client.chat.completions.create(model="agentr1", messages=question, tools=[other], temperature=0)
+    assert offered.choices[0].finish_reason == "stop" and not offered.choices[0].message.tool_calls
+    assert '"name": "search"' in offered.choices[0].message.content
+    for bad, said in (({"messages": [{"role": "user", "content": "q"}] * 2}, "messages[1].role"),
+                      ({"messages": question, "temperature": -1}, "temperature: -1 is out of range"),
+                      ({"messages": question, "n": 2}, "n: this model returns one choice")):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="agentr1", **bad)
+        assert err.value.status_code == 400 and said in err.value.message
