@@ -223,6 +223,9 @@ class PPOConfig(_Section):
     check_rollouts: bool = True
     """Check every rollout batch against agentr1/rollout/checks.py's rules before learning from
     it (masks, lengths, finite rewards within the weights' bound); a broken batch stops the run."""
+    trace_episodes: int = Field(0, ge=0)
+    """Episodes of each PPO batch the pipeline records as MLflow traces (0, the default: none;
+    each costs a few milliseconds of SQLite writes)."""
 
     @model_validator(mode="after")
     def _check(self) -> "PPOConfig":
@@ -240,6 +243,9 @@ class EvalConfig(_Section):
     """Temperature of the sampled evaluation; None uses rollout.temperature."""
     batch_size: int = Field(100, ge=1)
     render_examples: int = Field(4, ge=0)
+    traces: int = Field(32, ge=0)
+    """Greedy episodes of each pipeline evaluation recorded as MLflow traces (a span per turn and
+    per tool call; ``tasks/traces.py``); 0: none."""
     baselines: list[Literal["zero_shot", "naive_rag"]] = []
     """Untrained baselines of a pretrained model, evaluated first on the same questions
     (``agentr1.trainer.stage_baselines``): ``zero_shot``, the instruct model as it comes;

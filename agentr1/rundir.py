@@ -31,11 +31,11 @@ RUN_OUTPUTS = frozenset({
 """Names a run writes at the top of its directory (besides ``eval_*.json``/``trajectories_*.txt``)."""
 
 # Keys that do not change what a stage computes: where it writes, how long it goes on, how
-# often it checkpoints, and how the result is evaluated afterwards.
+# often it checkpoints or records traces, and how the result is evaluated afterwards.
 _NEVER = ("output_dir", "eval.", "max_nonfinite_steps")
 _WARMUP_SKIPS = (*_NEVER, "ppo.", "rollout.")
 _WARMUP_KEEPS = ("ppo.mixed_precision",)  # the warm-up trains in the PPO precision
-_PPO_SKIPS = (*_NEVER, "ppo.iterations", "ppo.checkpoint_every")
+_PPO_SKIPS = (*_NEVER, "ppo.iterations", "ppo.checkpoint_every", "ppo.trace_episodes")
 
 
 def _written_by_a_run(name: str) -> bool:

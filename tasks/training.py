@@ -30,7 +30,7 @@ from agentr1.rundir import claim_run_dir
 from agentr1.rollout.store import RolloutDatasetInfo
 from agentr1.trainer import (FINAL_DIR, LAST_DIR, WARMUP_DIR, PPOSession, Workspace, check_demonstrable,
                              finished_warmup, run_eval, run_ppo, stage_baselines, warmup)
-from tasks import tracking
+from tasks import traces, tracking
 from tasks.data import publish_failure
 from tasks.report import Progress
 from tasks.validation import validate_rollouts
@@ -147,10 +147,15 @@ def ppo_iterations(cfg: Config, run_id: str | None = None, progress_key: str = "
     stored: dict[int, RolloutDatasetInfo] = {}
     results: list[IterationResult] = []
 
+    questions = {r.id: r.question for r in session.ws.split("train")} if cfg.ppo.trace_episodes else {}
+
     def store_and_validate(trajs, it: int) -> None:
         meta = {"run_id": run_id, "config_hash": config_hash(cfg), "iteration": it}
         stored[it] = write_rollouts(trajs, rollouts_path(cfg, it), it, meta)
         check_rollouts(str(stored[it].path), cfg.env.max_context_tokens, session.reward_bounds[1], it)
+        if run_id and cfg.ppo.trace_episodes:
+            traces.log_episodes(run_id, trajs, questions, cfg.ppo.trace_episodes,
+                                {traces.TAG_KIND: "ppo", traces.TAG_ITERATION: str(it)})
 
     def after_iteration(s: PPOSession) -> None:
         it, m, batch = s.iteration, s.history[-1], stored.pop(s.iteration)
@@ -209,4 +214,7 @@ def evaluate_policy(cfg: Config, policy_dir: str, tag: str, split: str | None = 
         tracking.log_metrics(run_id, result.metrics, step=0, prefix=f"eval/{tag}/")
         tracking.log_artifacts(run_id, out / f"eval_{tag}.json", out / f"trajectories_{tag}.txt",
                                artifact_path="evaluation")
+        traces.log_episodes(run_id, result.trajectories["greedy"], {r.id: r.question for r in ws.split(split)},
+                            cfg.eval.traces, {traces.TAG_KIND: "evaluation", traces.TAG_EVAL: tag,
+                                              traces.TAG_MODE: "greedy"})
     return result.metrics

@@ -239,7 +239,7 @@ def test_served_deployment_runs_with_the_form_defaults(prefect_api, data_dir, wa
     from flows.serve import deployment_specs, to_deployment
 
     spec = next(s for s in deployment_specs() if s["name"] == "manual")
-    same = ("ppo.iterations=2", "rollout.backend=hf")  # hf: one backend in both processes
+    same = ("ppo.iterations=2", "rollout.backend=hf", "ppo.trace_episodes=2")  # hf: one backend in both processes
     defaults = {"params": form(data_dir, seeded_run(tmp_path, warm_dir), *same).model_dump(mode="json")}
     deployment = to_deployment(spec, parameters=defaults)
 
@@ -266,6 +266,19 @@ def test_served_deployment_runs_with_the_form_defaults(prefect_api, data_dir, wa
                                                                                "iter-0002.parquet"]
     tags = tracking.client().get_run(summary["run_id"]).data.tags
     assert tags["prefect_flow_run_id"] == str(flow_run.id)
+    # Episodes as MLflow traces of the run: each evaluated greedy episode (eval.max_examples=4),
+    # and ppo.trace_episodes of each PPO batch.
+    import mlflow
+
+    from tasks import traces
+
+    experiment = tracking.client().get_run(summary["run_id"]).info.experiment_id
+    found = mlflow.search_traces(locations=[experiment], run_id=summary["run_id"], return_type="list")
+    kinds = [(t.info.tags.get(traces.TAG_KIND), t.info.tags.get(traces.TAG_EVAL) or t.info.tags.get(traces.TAG_ITERATION))
+             for t in found]
+    assert sorted(kinds).count(("evaluation", "final")) == 4 and sorted(kinds).count(("ppo", "1")) == 2
+    assert sorted(kinds).count(("ppo", "2")) == 2
+    assert all(any(s.span_type == "LLM" for s in t.data.spans) for t in found)
 
     # One PPO loop: `agentr1 train` (the CLI and DVC path) on the same config and warm-up ends
     # on bit-identical parameters.

@@ -9,6 +9,7 @@ the turn, never re-encoded.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -53,6 +54,10 @@ class Trajectory:
     turn_texts: list[str] = field(default_factory=list)
     observations: list[str] = field(default_factory=list)
     group: int = 0
+    turn_seconds: list[float] = field(default_factory=list)
+    """Wall time of sampling each turn (the batch's, shared by its episodes; for traces)."""
+    tool_seconds: list[float] = field(default_factory=list)
+    """Wall time of the environment's step after each turn (its tool calls, batched)."""
 
     @property
     def last_action_index(self) -> int:
@@ -115,13 +120,18 @@ class RolloutEngine:
             room = min(s.max_context_tokens - len(trajs[i].token_ids) for i in active)
             spec = SamplingSpec(min(s.max_turn_tokens, room), tuple(self.chat.stop_token_ids),
                                 temp, s.top_p)
+            started = time.perf_counter()
             gens = self.backend.generate([trajs[i].token_ids for i in active], spec,
                                          [episode_seed(seed, i, turn) for i in active])
+            sampled = time.perf_counter()
             texts = [self._append_turn(trajs[i], g) for i, g in zip(active, gens)]
             results = self.env.step_batch([states[i] for i in active], texts)
+            stepped = time.perf_counter()
             still = []
             for i, g, res in zip(active, gens, results):
                 t = trajs[i]
+                t.turn_seconds.append(sampled - started)
+                t.tool_seconds.append(stepped - sampled)
                 t.process_rewards.append(float(res.process_reward))
                 if res.done:
                     self._close(t, states[i], res, "answer" if states[i].answer is not None else "max_turns")
