@@ -12,10 +12,17 @@ JSON-ready dict (the MLflow model in ``tasks/agent_model.py`` and ``agentr1 ask`
      "transcript": [{"role": "assistant" | "tool", "text": str}]}
 
 A tool call's ``result`` is None when the episode ended on that turn (the policy never saw it).
+
+The same episode in MLflow's agent shapes, for a conversation whose last user message is the
+question: :func:`responses_output` (MLflow's ``ResponsesAgent``: ``function_call`` and
+``function_call_output`` items, then the answer as a ``message``) and :func:`chat_agent_output`
+(``ChatAgent``: assistant messages with ``tool_calls``, ``tool`` messages, the answer).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -75,6 +82,53 @@ def transcript(question: str, traj: Trajectory, env: Environment) -> dict:
             answer = turn.answer
     return {"question": question, "answer": answer, "tool_calls": calls, "turns": len(traj.turn_texts),
             "finish": traj.finish, "transcript": shown}
+
+
+def question_of(messages: object, field: str) -> str:
+    """The question of an agent request: the content of the last ``user`` message of
+    ``messages`` (MLflow's ``input`` or ``messages`` field); ValueError naming the field."""
+    if not isinstance(messages, Sequence) or isinstance(messages, str):
+        raise ValueError(f"field {field!r} must be a list of messages")
+    users = [m for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
+    if not users:
+        raise ValueError(f"field {field!r} has no user message (the question)")
+    content = users[-1].get("content")
+    if not isinstance(content, str):
+        raise ValueError(f"field {field!r}: the last user message's content must be a string")
+    return check_questions([content])[0]
+
+
+def _calls(result: dict) -> list[tuple[str, dict]]:
+    return [(f"call_{uuid.uuid4().hex[:24]}", call) for call in result["tool_calls"]]
+
+
+def responses_output(result: dict) -> dict:
+    """An episode (:func:`transcript`) as MLflow's ``ResponsesAgentResponse``: each tool call as
+    a ``function_call`` item with its ``function_call_output``, then the answer as a message
+    (empty text when the episode ended without one; ``custom_outputs`` says how it ended)."""
+    items: list[dict] = []
+    for call_id, call in _calls(result):
+        items.append({"type": "function_call", "id": f"fc_{call_id[5:]}", "call_id": call_id, "name": call["name"],
+                      "arguments": json.dumps(call["arguments"], ensure_ascii=False)})
+        if call["result"] is not None:
+            items.append({"type": "function_call_output", "call_id": call_id, "output": call["result"]})
+    items.append({"type": "message", "id": f"msg_{uuid.uuid4().hex[:24]}", "role": "assistant",
+                  "content": [{"type": "output_text", "text": result["answer"] or "", "annotations": []}]})
+    return {"output": items, "custom_outputs": {"finish": result["finish"], "turns": result["turns"]}}
+
+
+def chat_agent_output(result: dict) -> dict:
+    """An episode (:func:`transcript`) as MLflow's ``ChatAgentResponse`` messages."""
+    messages: list[dict] = []
+    for call_id, call in _calls(result):
+        messages.append({"role": "assistant", "content": "", "id": uuid.uuid4().hex,
+                         "tool_calls": [{"id": call_id, "type": "function", "function": {
+                             "name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}]})
+        if call["result"] is not None:
+            messages.append({"role": "tool", "content": call["result"], "id": uuid.uuid4().hex,
+                             "tool_call_id": call_id, "name": call["name"]})
+    messages.append({"role": "assistant", "content": result["answer"] or "", "id": uuid.uuid4().hex})
+    return {"messages": messages, "custom_outputs": {"finish": result["finish"], "turns": result["turns"]}}
 
 
 class Agent:

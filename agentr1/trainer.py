@@ -286,13 +286,18 @@ def encode_transcripts(chat, env: Environment, records, transcripts) -> list[tup
 
 
 def value_fit_batches(episodes, transcripts, pad_token_id: int, device, batch_size: int = 64):
-    """Padded demonstrations with their returns-to-go, for :func:`fit_value_head`."""
+    """Padded demonstrations with their returns-to-go, for :func:`fit_value_head` (a progress
+    line when 20 s have passed: a pretrained model's forward passes take minutes)."""
+    t0 = last = time.time()
     for start in range(0, len(episodes), batch_size):
         chunk = episodes[start:start + batch_size]
         ids, attn, target = pad_episodes(chunk, pad_token_id)
         demos = transcripts[start:start + batch_size]
         returns = demo_returns(target, [t.process_rewards for t in demos], [t.outcome_reward for t in demos])
         yield ids.to(device), attn.to(device), target.to(device), returns.to(device)
+        if time.time() - last >= 20:
+            last = time.time()
+            log.info("warm-up: value fit %d/%d demonstrations  %.0fs", start + len(chunk), len(episodes), last - t0)
 
 
 def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):

@@ -14,7 +14,11 @@ run's own settings as ``model_config`` (``tracking.agent_config``):
 
 ``predict(DataFrame with a "question" column, params={"temperature": 0.0, "seed": 0})``
 returns one ``agentr1.agent`` result dict per question (answer, tool calls with results,
-turns, finish). A bad input is an ``MlflowException`` with ``INVALID_PARAMETER_VALUE``, which
+turns, finish). It also answers MLflow's agent requests, one conversation each, whose last
+user message is the question: ``{"input": [{"role": "user", "content": ...}]}`` (the
+``ResponsesAgent`` shape) returns the episode as Responses output items
+(``agentr1.agent.responses_output``), ``{"messages": [...]}`` (``ChatAgent``) as chat messages
+(``chat_agent_output``); ``mlflow models serve`` takes both as plain JSON bodies. A bad input is an ``MlflowException`` with ``INVALID_PARAMETER_VALUE``, which
 MLflow's scoring server answers with HTTP 400.
 
 The project (``agentr1``, ``models``, ``tasks``) must be installed where the model is loaded.
@@ -26,10 +30,8 @@ import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
-from agentr1.agent import check_request
-from tasks.tracking import CORPUS_ARTIFACT, PLUGIN_ARTIFACT, POLICY_ARTIFACT
-
-QUESTION = "question"
+from agentr1.agent import chat_agent_output, check_request, question_of, responses_output
+from tasks.tracking import CHAT_MESSAGES, CORPUS_ARTIFACT, PLUGIN_ARTIFACT, POLICY_ARTIFACT, QUESTION, RESPONSES_INPUT
 
 
 class AgentModel(mlflow.pyfunc.PythonModel):
@@ -46,17 +48,29 @@ class AgentModel(mlflow.pyfunc.PythonModel):
         self.agent = Agent(Config.model_validate(config), context.artifacts[POLICY_ARTIFACT], corpus,
                            device=conf.get("device"))
 
-    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list[dict]:
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list[dict] | dict:
         params = params or {}
-        if not isinstance(model_input, pd.DataFrame) or QUESTION not in model_input.columns:
-            got = list(model_input.columns) if isinstance(model_input, pd.DataFrame) else type(model_input).__name__
-            raise MlflowException(f"input needs a {QUESTION!r} column, got {got}", INVALID_PARAMETER_VALUE)
+        columns = list(model_input.columns) if isinstance(model_input, pd.DataFrame) else []
+        shape = next((c for c in (QUESTION, RESPONSES_INPUT, CHAT_MESSAGES) if c in columns), None)
+        if shape is None:
+            got = columns or type(model_input).__name__
+            raise MlflowException(f"input needs a {QUESTION!r} column (or an agent request's {RESPONSES_INPUT!r} or "
+                                  f"{CHAT_MESSAGES!r} messages), got {got}", INVALID_PARAMETER_VALUE)
         try:  # a bad question or parameter is the caller's error (4xx), not the server's
             temperature, seed = float(params.get("temperature", 0.0)), int(params.get("seed", 0))
-            questions = check_request(model_input[QUESTION].tolist(), temperature)
+            if shape == QUESTION:
+                questions = check_request(model_input[QUESTION].tolist(), temperature)
+            else:  # one conversation: its last user message is the question
+                rows = model_input[shape].dropna().tolist()
+                if len(rows) != 1:
+                    raise ValueError(f"field {shape!r}: one conversation per request, got {len(rows)}")
+                questions = check_request([question_of(rows[0], shape)], temperature)
         except (TypeError, ValueError) as exc:
             raise MlflowException(str(exc), INVALID_PARAMETER_VALUE) from None
-        return self.agent.answer(questions, temperature=temperature, seed=seed)
+        results = self.agent.answer(questions, temperature=temperature, seed=seed)
+        if shape == QUESTION:
+            return results
+        return (responses_output if shape == RESPONSES_INPUT else chat_agent_output)(results[0])
 
 
 mlflow.models.set_model(AgentModel())

@@ -123,6 +123,9 @@ CORPUS_ARTIFACT = "corpus"
 DATABASE_ARTIFACT = "database"
 PLUGIN_ARTIFACT = "plugin_"
 """Prefix of the artifacts holding the run's plug-in ``.py`` files (``plugin_0``, ...)."""
+QUESTION = "question"  # the model's input column; or one agent conversation in either of:
+RESPONSES_INPUT = "input"  # MLflow ResponsesAgent requests
+CHAT_MESSAGES = "messages"  # MLflow ChatAgent requests
 AGENT_SECTIONS = ("seed", "env", "reward", "rollout")  # the config an episode depends on
 MODEL_REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "pandas", "mlflow", "pydantic",
                       "bm25s", "PyStemmer", "scipy", "numpy")
@@ -611,6 +614,7 @@ def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str 
     """
     from mlflow.models.signature import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+    from mlflow.types.schema import Array, Object, Property
 
     from agentr1.data.records import corpus_path
     from agentr1.env.sql import DB_FILE
@@ -636,7 +640,12 @@ def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str 
     logged = c.create_logged_model(c.get_run(run_id).info.experiment_id, name=name, source_run_id=run_id)
     # The explicit signature replaces the input example MLflow asks for (an example would be
     # checked by loading the whole agent once more).
-    signature = ModelSignature(inputs=Schema([ColSpec("string", "question")]),
+    # A question column, or one agent conversation (MLflow's Responses "input" or ChatAgent
+    # "messages"): tasks/agent_model.py answers each in its own shape.
+    messages = Array(Object([Property("role", "string"), Property("content", "string")]))
+    signature = ModelSignature(inputs=Schema([ColSpec("string", QUESTION, required=False),
+                                              ColSpec(messages, RESPONSES_INPUT, required=False),
+                                              ColSpec(messages, CHAT_MESSAGES, required=False)]),
                                params=ParamSchema([ParamSpec("temperature", "double", 0.0),
                                                    ParamSpec("seed", "long", 0)]))
     with _quiet(".*An input example was not provided", logger="mlflow.pyfunc"):

@@ -152,6 +152,45 @@ def test_predict_plays_the_environments_episodes(model, world):
     assert isinstance(agent, Agent)
 
 
+def _without_ids(out: dict) -> list:
+    """Responses output items or ChatAgent messages, ids (random per response) left out."""
+    rows = out.get("output") or out["messages"]
+    drop = {"id", "call_id", "tool_call_id"}
+    return [{k: v for k, v in row.items() if k not in drop and k != "tool_calls"}
+            | ({"calls": [c["function"] for c in row["tool_calls"]]} if row.get("tool_calls") else {})
+            for row in rows]
+
+
+def test_agent_requests_answer_in_mlflows_agent_shapes(model, world):
+    """A Responses ("input") or ChatAgent ("messages") request is one conversation; its last user
+    message is the question, and the episode comes back in that shape (checked with MLflow's own
+    response types), the same episode as the question shape's."""
+    from mlflow.types.agent import ChatAgentResponse
+    from mlflow.types.responses import ResponsesAgentResponse
+
+    question = _questions(world, 1)[0]
+    (plain,) = model.predict(pd.DataFrame({"question": [question]}))
+    conversation = [{"role": "system", "content": "ignored"}, {"role": "user", "content": question}]
+    responses = model.predict({"input": conversation})
+    parsed = ResponsesAgentResponse(**responses)
+    calls = [item for item in parsed.output if item.type == "function_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [(c["name"], c["arguments"]) for c in plain["tool_calls"]]
+    outputs = {item.call_id: item.output for item in parsed.output if item.type == "function_call_output"}
+    assert [outputs.get(c.call_id) for c in calls] == [c["result"] for c in plain["tool_calls"]]
+    assert parsed.output[-1].type == "message" and parsed.output[-1].content[0]["text"] == (plain["answer"] or "")
+    assert responses["custom_outputs"] == {"finish": plain["finish"], "turns": plain["turns"]}
+    chat = model.predict({"messages": conversation})
+    parsed = ChatAgentResponse(**chat)
+    assert parsed.messages[-1].role == "assistant" and parsed.messages[-1].content == (plain["answer"] or "")
+    assert [m.tool_calls[0].function.name for m in parsed.messages if m.tool_calls] == \
+        [c["name"] for c in plain["tool_calls"]]
+    for bad, says in (({"input": [{"role": "assistant", "content": "hi"}]}, "no user message"),
+                      ({"messages": [{"role": "user", "content": "  "}]}, "empty")):
+        with pytest.raises(MlflowException) as err:
+            model.predict(bad)
+        assert err.value.error_code == "INVALID_PARAMETER_VALUE" and says in err.value.message
+
+
 def test_sampling_is_an_option_and_reproducible(model, world):
     frame = pd.DataFrame({"question": _questions(world)})
     a = model.predict(frame, params={"temperature": 1.0, "seed": 7})
@@ -219,6 +258,13 @@ def test_served_by_mlflow_answers_like_predict_and_refuses_bad_input(registered,
         assert served == model.predict(pd.DataFrame({"question": questions}))
         for r, rec in zip(served, world["test"]):
             assert exact_match(r["answer"], rec.answers) in (0.0, 1.0)  # the scorer reads the served answer
+        # MLflow's agent request shapes, as plain JSON bodies (its "unified LLM input")
+        responses_request = {"input": [{"role": "user", "content": questions[0]}]}
+        req = urllib.request.Request(f"{url}/invocations", json.dumps(responses_request).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            assert resp.status == 200
+            assert _without_ids(json.loads(resp.read())) == _without_ids(model.predict(responses_request))
         status, body = post([""])
         assert status == 400 and "empty" in body["message"]
         assert post(["x" * 100_000])[0] == 400
