@@ -369,15 +369,15 @@ QWEN25_TEMPLATE = (
 )
 
 
-@pytest.fixture(scope="module")
-def qwen_dir(tmp_path_factory, corpus):
-    """A tiny Qwen2.5-like instruct checkpoint: Qwen2Tokenizer (GPT-style words with leading
-    spaces, tool tokens as non-special added tokens, no </answer> token) + Qwen2.5 template."""
+def make_tiny_qwen(path, texts: list[str], hidden_size: int = 32, intermediate_size: int = 64):
+    """A tiny Qwen2.5-like instruct checkpoint at ``path``: Qwen2Tokenizer (a BPE of ``texts``:
+    GPT-style words with leading spaces, tool tokens as non-special added tokens, no </answer>
+    token) + the Qwen2.5 template, and a random 2-layer Qwen2 model."""
     bpe = Tokenizer(tok_models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), "isolated"),
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(corpus[:2000], trainers.BpeTrainer(
+    bpe.train_from_iterator(texts[:2000], trainers.BpeTrainer(
         vocab_size=600, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False))
     spec = json.loads(bpe.to_str())["model"]
@@ -387,14 +387,19 @@ def qwen_dir(tmp_path_factory, corpus):
     qtok.add_tokens([AddedToken(t, special=False, normalized=False)
                      for t in ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")])
     qtok.chat_template = QWEN25_TEMPLATE
-    config = Qwen2Config(vocab_size=len(qtok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True,
+    config = Qwen2Config(vocab_size=len(qtok), hidden_size=hidden_size, intermediate_size=intermediate_size,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True,
                          eos_token_id=qtok.eos_token_id, pad_token_id=qtok.pad_token_id)
-    path = tmp_path_factory.mktemp("qwen") / "tiny-qwen2.5-instruct"
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(path)
     qtok.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory, corpus):
+    """A tiny Qwen2.5-like instruct checkpoint (:func:`make_tiny_qwen`)."""
+    return make_tiny_qwen(tmp_path_factory.mktemp("qwen") / "tiny-qwen2.5-instruct", corpus)
 
 
 def test_pretrained_keeps_its_template_and_chat_format_works(qwen_dir):

@@ -68,10 +68,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["scratch", "pretrained"])
+def server(request, tmp_path_factory):
     """A tiny policy warmed up on the expert's demonstrations (it learns the call-then-answer
-    format in ~100 steps), served by `agentr1 serve`'s app on a free localhost port."""
+    format in ~100 steps), served by `agentr1 serve`'s app on a free localhost port: a scratch
+    model, and a pretrained-path one (a tiny Qwen2.5-like instruct checkpoint: its ChatML
+    template and Hermes tool tags, loaded as model.kind=pretrained)."""
     import uvicorn
 
     from agentr1.agent import Agent
@@ -89,6 +91,14 @@ def server(tmp_path_factory):
                  "sft.episodes=400", "sft.corpus_steps=0", "sft.steps=150", "sft.batch_size=16",
                  "sft.value_fit_episodes=0", "sft.expert.stop_short_3hop=0", "sft.expert.distractor=0",
                  "sft.expert.malformed=0", "rollout.backend=hf", "device=cpu"]
+    if request.param == "pretrained":
+        from agentr1.data.synth import generate
+        from test_models import make_tiny_qwen
+
+        splits, corpus = generate(0, n_train=400, n_dev=4, n_test=16, names="small")
+        texts = [f"{d.title}\n{d.text}" for d in corpus] + [r.question for r in splits["train"]]
+        qwen = make_tiny_qwen(root / "tiny-qwen", texts, hidden_size=64, intermediate_size=128)
+        overrides += ["model.kind=pretrained", f"model.name_or_path={qwen}"]
     cfg = resolve(load_config("conf/train.yaml", overrides))
     ws = Workspace.build(cfg)
     warmup(cfg, ws)
