@@ -153,15 +153,21 @@ class Agent:
         self.cfg = cfg
         self.engine = make_engine(cfg, env, model, self.tokenizer, ChatFormat(self.tokenizer, ws.tools), ws.device)
 
-    def answer(self, questions: Sequence[object], temperature: float = 0.0, seed: int = 0) -> list[dict]:
-        """One episode per question, :data:`BATCH` at a time; greedy at ``temperature`` 0.
-        ValueError (naming the row) for a bad question, before anything runs."""
+    def play(self, questions: Sequence[object], temperature: float = 0.0, seed: int = 0
+             ) -> list[tuple[str, Trajectory]]:
+        """One episode per question, :data:`BATCH` at a time; greedy at ``temperature`` 0: each
+        question with its trajectory. ValueError (naming the row) for a bad question, before
+        anything runs."""
         questions = check_request(questions, temperature)
         records = [QARecord(id=str(i), question=q, answers=(), supporting_docs=(), hops=1, source=SOURCE)
                    for i, q in enumerate(questions)]
         out = []
         for start in range(0, len(records), BATCH):
             chunk = records[start: start + BATCH]
-            for r, traj in zip(chunk, self.engine.run(chunk, seed=seed + start, temperature=temperature)):
-                out.append(transcript(r.question, traj, self.env))
+            out += [(r.question, t) for r, t in zip(chunk, self.engine.run(chunk, seed=seed + start,
+                                                                           temperature=temperature))]
         return out
+
+    def answer(self, questions: Sequence[object], temperature: float = 0.0, seed: int = 0) -> list[dict]:
+        """:meth:`play`'s episodes as JSON-ready results (module docstring)."""
+        return [transcript(q, t, self.env) for q, t in self.play(questions, temperature, seed)]

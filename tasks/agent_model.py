@@ -10,7 +10,10 @@ run's own settings as ``model_config`` (``tracking.agent_config``):
 - ``corpus``: None (the logged corpus), or another ``corpus.jsonl`` of the same format,
   given at load time: ``mlflow.pyfunc.load_model(uri, model_config={"corpus": path})``, or
   for ``mlflow models serve`` through ``MLFLOW_PYFUNC_INFERENCE_CONFIG='{"corpus": path}'``;
-- ``device``: None (the config's, ``auto``), ``cpu`` or ``cuda``.
+- ``device``: None (the config's, ``auto``), ``cpu`` or ``cuda``;
+- ``trace_experiment``: None, or an experiment name: each served episode is recorded there as an
+  MLflow trace (``tasks/traces.py``), e.g. ``MLFLOW_PYFUNC_INFERENCE_CONFIG='{"trace_experiment":
+  "agentr1-served"}'``.
 
 ``predict(DataFrame with a "question" column, params={"temperature": 0.0, "seed": 0})``
 returns one ``agentr1.agent`` result dict per question (answer, tool calls with results,
@@ -30,7 +33,7 @@ import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
-from agentr1.agent import chat_agent_output, check_request, question_of, responses_output
+from agentr1.agent import chat_agent_output, check_request, question_of, responses_output, transcript
 from tasks.tracking import CHAT_MESSAGES, CORPUS_ARTIFACT, PLUGIN_ARTIFACT, POLICY_ARTIFACT, QUESTION, RESPONSES_INPUT
 
 
@@ -47,6 +50,11 @@ class AgentModel(mlflow.pyfunc.PythonModel):
         config = {**conf["config"], "plugins": [*conf["config"].get("plugins", []), *plugins]}
         self.agent = Agent(Config.model_validate(config), context.artifacts[POLICY_ARTIFACT], corpus,
                            device=conf.get("device"))
+        self.trace_experiment = None
+        if conf.get("trace_experiment"):  # each served episode as an MLflow trace in this experiment
+            experiment = mlflow.get_experiment_by_name(conf["trace_experiment"])
+            self.trace_experiment = (experiment.experiment_id if experiment else
+                                     mlflow.create_experiment(conf["trace_experiment"]))
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list[dict] | dict:
         params = params or {}
@@ -67,7 +75,13 @@ class AgentModel(mlflow.pyfunc.PythonModel):
                 questions = check_request([question_of(rows[0], shape)], temperature)
         except (TypeError, ValueError) as exc:
             raise MlflowException(str(exc), INVALID_PARAMETER_VALUE) from None
-        results = self.agent.answer(questions, temperature=temperature, seed=seed)
+        episodes = self.agent.play(questions, temperature=temperature, seed=seed)
+        if self.trace_experiment:
+            from tasks import traces
+
+            for question, trajectory in episodes:
+                traces.log_episode(None, self.trace_experiment, trajectory, question, {traces.TAG_KIND: "served"})
+        results = [transcript(q, t, self.agent.env) for q, t in episodes]
         if shape == QUESTION:
             return results
         return (responses_output if shape == RESPONSES_INPUT else chat_agent_output)(results[0])

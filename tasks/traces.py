@@ -43,8 +43,10 @@ def _turn_tokens(t: Trajectory) -> list[int]:
     return out
 
 
-def log_episode(run_id: str, experiment_id: str, t: Trajectory, question: str, tags: Mapping[str, str]) -> str:
-    """One episode as a trace of ``run_id`` (module docstring); returns the trace id."""
+def log_episode(run_id: str | None, experiment_id: str, t: Trajectory, question: str,
+                tags: Mapping[str, str]) -> str:
+    """One episode as a trace in ``experiment_id``, of ``run_id`` when there is one (module
+    docstring); returns the trace id."""
     import mlflow
     from mlflow.entities import SpanType
     from mlflow.tracing.constant import TraceMetadataKey
@@ -56,7 +58,7 @@ def log_episode(run_id: str, experiment_id: str, t: Trajectory, question: str, t
     root = mlflow.start_span_no_context(
         "episode", span_type=SpanType.AGENT, inputs={"question": question, "record_id": t.record_id},
         experiment_id=experiment_id, start_time_ns=cursor, tags=dict(tags),
-        metadata={TraceMetadataKey.SOURCE_RUN: run_id})
+        metadata={TraceMetadataKey.SOURCE_RUN: run_id} if run_id else None)
     tokens = _turn_tokens(t)
     for k, text in enumerate(t.turn_texts):
         sample_ns = int(t.turn_seconds[k] * ns) if k < len(t.turn_seconds) else 0

@@ -591,7 +591,7 @@ def agent_config(cfg: Config) -> dict[str, Any]:
     sections = {k: v for k, v in cfg.model_dump(mode="json").items() if k in AGENT_SECTIONS}
     # Plug-in files travel as artifacts (PLUGIN_ARTIFACT*); the model imports those copies.
     sections["plugins"] = [p for p in cfg.plugins if not p.endswith(".py")]
-    return {"config": sections, "corpus": None, "device": None}
+    return {"config": sections, "corpus": None, "device": None, "trace_experiment": None}
 
 
 def _requirements() -> list[str]:

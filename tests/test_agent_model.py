@@ -221,6 +221,19 @@ def test_another_corpus_at_load_time(registered, world, tmp_path):
     assert [d.id for d in loaded.unwrap_python_model().agent.engine.env.search.docs] == [d.id for d in docs]
 
 
+def test_served_episodes_are_traces_when_asked(registered, world):
+    """model_config trace_experiment: each episode the model plays is an MLflow trace there."""
+    name = f"served-{uuid.uuid4().hex[:6]}"
+    loaded = mlflow.pyfunc.load_model(registered, model_config={"trace_experiment": name})
+    (result,) = loaded.predict(pd.DataFrame({"question": _questions(world, 1)}))
+    mlflow.flush_trace_async_logging()
+    experiment = mlflow.get_experiment_by_name(name).experiment_id
+    (trace,) = mlflow.search_traces(locations=[experiment], return_type="list")
+    root = next(s for s in trace.data.spans if s.name == "episode")
+    assert root.inputs["question"] == result["question"] and root.outputs["answer"] == result["answer"]
+    assert sum(s.span_type == "LLM" for s in trace.data.spans) == result["turns"]
+
+
 def test_served_by_mlflow_answers_like_predict_and_refuses_bad_input(registered, model, world):
     port = _free_port()
     server = subprocess.Popen(
