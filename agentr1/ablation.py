@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentr1.config import Config, ConfigError, Estimator, _format_validation_error, apply_overrides, config_hash
 from agentr1.fsutil import write_json
-from agentr1.rundir import claim
+from agentr1.rundir import HISTORY_FILE, claim
 
 Kind = Literal["rl", "base", "naive_rag"]
 MetricsFn = Callable[[dict[str, float], int], None]
@@ -46,7 +46,6 @@ MetricsFn = Callable[[dict[str, float], int], None]
 JOB_FILE = "job.json"
 RESULT_FILE = "result.json"
 CURVE_FILE = "curve.jsonl"
-HISTORY_FILE = "metrics.jsonl"
 RUNS_DIR = "runs"
 WARMUP_DIR = "warmup"
 FINAL_TAG = "final"

@@ -24,8 +24,11 @@ from agentr1.config import Config, ConfigError, flatten
 from agentr1.fsutil import write_json
 
 MARKER = ".agentr1-run"
+HISTORY_FILE = "metrics.jsonl"  # one JSON object of metrics per PPO iteration
+CURVE_FILE = "learning_curve.png"
+SUMMARY_FILE = "summary.json"
 RUN_OUTPUTS = frozenset({
-    "warmup", "checkpoints", "final", "rollouts", "runs", "summary.json", "metrics.jsonl", "learning_curve.png",
+    "warmup", "checkpoints", "final", "rollouts", "runs", SUMMARY_FILE, HISTORY_FILE, CURVE_FILE,
     "curve.jsonl", "job.json", "result.json", "downloads",
 })
 """Names a run writes at the top of its directory (besides ``eval_*.json``/``trajectories_*.txt``)."""

@@ -47,7 +47,8 @@ from agentr1.rollout.backend import HFBackend
 from agentr1.rollout.batch import collate, length_bucketed_batches
 from agentr1.rollout.checks import RolloutBatchError, check_batch, reward_bound
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings, Trajectory
-from agentr1.rundir import check_same_config, claim_run_dir, ppo_identity, warmup_identity
+from agentr1.rundir import (CURVE_FILE, HISTORY_FILE, SUMMARY_FILE, check_same_config, claim_run_dir,
+                            ppo_identity, warmup_identity)
 
 log = logging.getLogger("agentr1.train")
 
@@ -781,7 +782,6 @@ def stage_warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = Non
 def stage_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None) -> list[dict]:
     """PPO from the warm-up (resuming if a checkpoint exists); writes final/, metrics.jsonl and
     learning_curve.png."""
-    from agentr1.plots import plot_learning_curve
     from models.policy import save_actor_critic
 
     out = Path(cfg.output_dir)
@@ -789,14 +789,31 @@ def stage_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None) 
     if not PartialState().is_main_process:  # data parallel: the main process writes the results
         return history
     save_actor_critic(model, tokenizer, out / FINAL_DIR)
-    if history:
-        plot_learning_curve(history, out / "learning_curve.png", title=f"masked PPO ({cfg.ppo.estimator})")
-    write_json(out / "metrics.jsonl", history)
+    write_history(cfg, history)
     return history
 
 
+def write_history(cfg: Config, history: list[dict]) -> Path | None:
+    """``metrics.jsonl`` (one line per PPO iteration) and, after at least one iteration, the
+    learning curve beside it, whose path is returned: the one writer of both, whichever entry
+    point ran the iterations."""
+    from agentr1.plots import plot_learning_curve
+
+    out = Path(cfg.output_dir)
+    write_json(out / HISTORY_FILE, history)
+    if not history:
+        return None
+    return plot_learning_curve(history, out / CURVE_FILE, title=f"masked PPO ({cfg.ppo.estimator})")
+
+
+def write_summary(cfg: Config, summary: dict) -> Path:
+    """``summary.json`` of a run (what ``agentr1 train`` returns, or the pipeline's, which adds
+    the registration); its one writer."""
+    return write_json(Path(cfg.output_dir) / SUMMARY_FILE, summary)
+
+
 def stage_evaluate(cfg: Config, ws: Workspace) -> dict:
-    """Evaluate final/ and write summary.json: test metrics before (warm-up) and after PPO."""
+    """Evaluate final/: test metrics before (warm-up) and after PPO, for summary.json."""
     out = Path(cfg.output_dir)
     after = run_eval(cfg, ws, *_load_policy(cfg, ws, FINAL_DIR), "final")
     before = json.loads((out / "eval_warmup.json").read_text())
@@ -805,7 +822,6 @@ def stage_evaluate(cfg: Config, ws: Workspace) -> dict:
     baselines = {b: out / f"eval_{b}.json" for b in cfg.eval.baselines}
     if baselines:
         summary["baselines"] = {b: json.loads(p.read_text()) for b, p in baselines.items() if p.exists()}
-    write_json(out / "summary.json", summary)
     return summary
 
 
@@ -842,5 +858,5 @@ def train(cfg: Config, log_metrics: MetricsFn | None = None, stages: tuple[str, 
         seconds[stage] = time.time() - t0
     summary["seconds"] = {**seconds, "total": sum(seconds.values())}
     if "evaluate" in stages:
-        write_json(Path(cfg.output_dir, "summary.json"), summary)
+        write_summary(cfg, summary)
     return summary

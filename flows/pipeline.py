@@ -13,7 +13,6 @@ with nothing registered and no alias moved).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from prefect.runtime import flow_run
 
 from agentr1.config import Config
 from agentr1.rl.guard import TrainingDiverged
+from agentr1.trainer import write_summary
 from tasks import tracking
 from tasks.data import DataVersion, prepare_data, validate_data
 from tasks.params import PipelineParams, TrainForm, resolve_config
@@ -156,7 +156,7 @@ def run_training_flow(kind: str, form: PipelineParams) -> dict:
                "warmup": cand.warmup, "final": cand.final, "gain": cand.gain, "iterations": len(cand.iterations),
                **({"baselines": cand.baselines} if cand.baselines else {}),
                "registered_model": name, "registered_version": version, "promotion": asdict(decision)}
-    Path(cand.output_dir, "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    write_summary(cfg, summary)
     return summary
 
 

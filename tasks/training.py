@@ -25,11 +25,10 @@ from prefect.cache_policies import NO_CACHE
 
 from agentr1 import checkpoint as ckpt
 from agentr1.config import Config, config_hash
-from agentr1.fsutil import write_json
-from agentr1.rundir import claim_run_dir
+from agentr1.rundir import HISTORY_FILE, claim_run_dir
 from agentr1.rollout.store import RolloutDatasetInfo
 from agentr1.trainer import (FINAL_DIR, LAST_DIR, WARMUP_DIR, PPOSession, Workspace, check_demonstrable,
-                             finished_warmup, run_eval, run_ppo, stage_baselines, warmup)
+                             finished_warmup, run_eval, run_ppo, stage_baselines, warmup, write_history)
 from tasks import traces, tracking
 from tasks.data import publish_failure
 from tasks.report import Progress
@@ -176,19 +175,13 @@ def ppo_iterations(cfg: Config, run_id: str | None = None, progress_key: str = "
 def save_final_policy(cfg: Config, run_id: str | None = None) -> str:
     """``final/``: the last PPO policy (the warm-up one after zero iterations), plus
     ``metrics.jsonl`` and ``learning_curve.png``; logged to the run as artifacts."""
-    from agentr1.plots import plot_learning_curve
-
     out = Path(cfg.output_dir)
     last = out / LAST_DIR
     source = last / ckpt.POLICY_DIR if last.exists() else out / WARMUP_DIR
     final = ckpt.atomic_dir(out / FINAL_DIR, lambda d: shutil.copytree(source, d, dirs_exist_ok=True))
-    history = ckpt.load_state(last).get("history", []) if last.exists() else []
-    write_json(out / "metrics.jsonl", history)
-    curve = None
-    if history:
-        curve = plot_learning_curve(history, out / "learning_curve.png", title=f"masked PPO ({cfg.ppo.estimator})")
+    curve = write_history(cfg, ckpt.load_state(last).get("history", []) if last.exists() else [])
     if run_id:
-        tracking.log_artifacts(run_id, out / "metrics.jsonl")
+        tracking.log_artifacts(run_id, out / HISTORY_FILE)
         if curve:
             tracking.log_plot(run_id, curve)
     return str(final)
