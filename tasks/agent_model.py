@@ -52,9 +52,9 @@ class AgentModel(mlflow.pyfunc.PythonModel):
                            device=conf.get("device"))
         self.trace_experiment = None
         if conf.get("trace_experiment"):  # each served episode as an MLflow trace in this experiment
-            experiment = mlflow.get_experiment_by_name(conf["trace_experiment"])
-            self.trace_experiment = (experiment.experiment_id if experiment else
-                                     mlflow.create_experiment(conf["trace_experiment"]))
+            from tasks import tracking
+
+            self.trace_experiment = tracking.experiment_id(conf["trace_experiment"])
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list[dict] | dict:
         params = params or {}

@@ -25,8 +25,7 @@ def _episode(rid: str, turns: list[str], observations: list[str], outcome: float
 
 
 def test_each_episode_is_a_trace_of_its_run_with_turn_and_tool_spans():
-    mlflow.set_experiment("traces-test")
-    with mlflow.start_run() as run:
+    with mlflow.start_run(experiment_id=tracking.experiment_id("traces-test")) as run:
         pass
     episodes = [
         _episode("q1", [format_call("search", {"query": "Tallinnar"}), format_answer("Ada")], ["Tallinnar was founded by Ada."], 1.0),
@@ -36,7 +35,7 @@ def test_each_episode_is_a_trace_of_its_run_with_turn_and_tool_spans():
     ids = traces.log_episodes(run.info.run_id, episodes, {"q1": "Who founded Tallinnar?"}, limit=2,
                               tags={traces.TAG_KIND: "evaluation", traces.TAG_EVAL: "final"})
     assert len(ids) == 2  # the limit
-    found = {t.info.trace_id: t for t in mlflow.search_traces(run_id=run.info.run_id, return_type="list")}
+    found = {t.info.trace_id: t for t in mlflow.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id, return_type="list")}
     assert set(found) == set(ids)
     first = found[ids[0]]
     assert first.info.tags[traces.TAG_EVAL] == "final"
@@ -61,8 +60,7 @@ def test_each_episode_is_a_trace_of_its_run_with_turn_and_tool_spans():
 
 
 def test_no_traces_when_the_limit_is_zero():
-    mlflow.set_experiment("traces-test")
-    with mlflow.start_run() as run:
+    with mlflow.start_run(experiment_id=tracking.experiment_id("traces-test")) as run:
         pass
     assert traces.log_episodes(run.info.run_id, [_episode("q", [format_answer("a")], [], 1.0)], {}, 0, {}) == []
-    assert mlflow.search_traces(run_id=run.info.run_id, return_type="list") == []
+    assert mlflow.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id, return_type="list") == []
