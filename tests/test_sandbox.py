@@ -273,3 +273,21 @@ def test_sql_bombs_fail_cleanly_with_nothing_written(sql_world, query, message):
     assert _sha_tree(sql_world) == before
     assert {n for n in set(os.listdir(tempfile.gettempdir())) - temp_before if not n.startswith("agentr1-tool-")} \
         == set()
+
+
+def test_a_factory_tool_over_a_relative_data_dir_works_in_its_worker(tmp_path, monkeypatch):
+    """The sql tool is built again inside its sandbox worker, whose working directory is its
+    scratch directory: a relative data.dir (conf/ablation/sql-quick.yaml's) must still find the
+    database (it failed with 'the SQL tool's database is missing')."""
+    from agentr1.config import load_config
+    from agentr1.data.records import write_dataset
+    from agentr1.data.sql_synth import generate
+    from agentr1.env.registry import build_env, resolve
+
+    splits, corpus, files = generate(0, 8, 2, 2)
+    write_dataset(tmp_path / "data-sql", splits, corpus, files=files)
+    monkeypatch.chdir(tmp_path)
+    env = build_env(resolve(load_config(None, ["env.kind=sql", "data.dir=data-sql"])), "data-sql")
+    (output, failed), = env.tool("sql").run_batch([{"query": "SELECT 1 AS one"}])
+    assert not failed, output.text
+    assert "one" in output.text and "1" in output.text

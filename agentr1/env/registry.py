@@ -286,6 +286,7 @@ def build_tools(cfg: Config, data_dir: Path, names: list[str] | tuple[str, ...])
     from agentr1.env.tools import Tool
 
     check_tools(list(names))
+    data_dir = Path(data_dir).resolve()  # a factory runs again in its sandbox worker, whose cwd is its scratch dir
     tools = []
     for n in names:
         entry = _TOOLS[n]
