@@ -288,8 +288,36 @@ def start_run(
         raise
     finally:
         if monitor is not None:
-            monitor.finish()
-        c.set_terminated(run_id, status)
+            _finish_monitor(monitor, status)
+        _set_terminated(c, run_id, status)
+
+
+MONITOR_STOP_S = 10.0
+"""How long an interrupted run waits for its system-metrics thread: a signal raised in the main
+thread while it held the logging module's lock leaves that thread blocked for good, and MLflow's
+``finish()`` joins it without a timeout (seen as a hang after SIGTERM)."""
+
+
+def _finish_monitor(monitor, status: str) -> None:
+    if status != RunStatus.to_string(RunStatus.KILLED):
+        monitor.finish()
+        return
+    stopper = threading.Thread(target=monitor.finish, name="agentr1-stop-system-metrics", daemon=True)
+    stopper.start()
+    stopper.join(MONITOR_STOP_S)
+
+
+def _set_terminated(c: MlflowClient, run_id: str, status: str, attempts: int = 5) -> None:
+    """End the run, retrying while SQLite says another writer holds the database (the metrics
+    thread's last write, racing an interrupted run's end)."""
+    for attempt in range(attempts):
+        try:
+            c.set_terminated(run_id, status)
+            return
+        except MlflowException as exc:
+            if "database is locked" not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
 
 
 class Terminated(SystemExit):
