@@ -181,3 +181,9 @@ def test_streaming_and_refusals_over_http(server):
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(model="agentr1", **bad)
         assert err.value.status_code == 400 and said in err.value.message
+    import httpx  # a body that is not JSON at all: OpenAI's error object, not a traceback
+
+    broken = httpx.post(f"{server['url']}/chat/completions", content=b"{not json",
+                        headers={"Content-Type": "application/json"}, timeout=30)
+    assert broken.status_code == 400
+    assert broken.json()["error"]["type"] == "invalid_request_error" and "not JSON" in broken.json()["error"]["message"]

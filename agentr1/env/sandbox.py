@@ -286,6 +286,9 @@ def _callables(obj: Any) -> dict:
 # --------------------------------------------------------------------------- the worker (parent side)
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 class ToolWorker:
     """One forked worker holding one tool; :meth:`request` sends calls and waits for the answer."""
 
@@ -301,10 +304,20 @@ class ToolWorker:
         parent, child = Pipe(duplex=True)
         sys.stdout.flush()
         sys.stderr.flush()
+        # A stop signal that lands while fork() runs Python's at-fork hooks raises inside a hook,
+        # where the exception is printed and dropped: the signal was lost and the run went on
+        # (seen: SIGTERM at the warm-up's first tool call). Held back over the fork, it is
+        # delivered after it, in the parent's own code.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         pid = os.fork()
+        if pid != 0:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if pid == 0:  # the worker: never returns into the caller's code
             code = 0
             try:
+                for sig in STOP_SIGNALS:  # the parent's handlers are the parent's
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
                 parent.close()
                 _serve(child, self.tool, self.make, self.limits, self.scratch)
             except BaseException:  # noqa: BLE001 - whatever happens, the worker only exits
