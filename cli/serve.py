@@ -68,7 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from agentr1.openai_chat import ChatCompletions
     from cli.console import quiet_third_party, setup_logging
-    from cli.main import load_agent
+    from cli.agents import load_agent
 
     setup_logging()
     quiet_third_party()
