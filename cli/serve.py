@@ -24,6 +24,7 @@ def make_app(completions):  # annotations evaluated here: FastAPI reads them (no
     """The FastAPI app over a :class:`agentr1.openai_chat.ChatCompletions`."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.concurrency import run_in_threadpool
 
     from agentr1.openai_chat import ChatRequestError, stream_chunks
 
@@ -48,10 +49,7 @@ def make_app(completions):  # annotations evaluated here: FastAPI reads them (no
             body = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             return error(f"the request body is not JSON ({err})")
-        try:
-            # Generation holds the CPU for a while: off the event loop, one request at a time.
-            from starlette.concurrency import run_in_threadpool
-
+        try:  # generation holds the CPU for a while: off the event loop, one request at a time
             completion = await run_in_threadpool(completions.create, body)
         except ChatRequestError as err:
             return error(str(err))

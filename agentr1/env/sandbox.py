@@ -180,6 +180,10 @@ def _vm_bytes() -> int:
     return 0
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals that stop a run: held back while a worker forks, the default action in a worker."""
+
+
 def _confine(limits: SandboxLimits, scratch: Path, keep_fd: int) -> list[str]:
     """Everything the worker does before it runs a tool (module docstring); returns what could
     not be applied."""
@@ -187,8 +191,7 @@ def _confine(limits: SandboxLimits, scratch: Path, keep_fd: int) -> list[str]:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     os.setsid()  # its own process group: the parent kills exactly it
     faulthandler.disable()  # a crash ends the worker at once (the parent says which signal)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
-                signal.SIGILL, signal.SIGABRT):
+    for sig in (*STOP_SIGNALS, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT):
         signal.signal(sig, signal.SIG_DFL)  # the parent's handlers are the parent's
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
@@ -286,9 +289,6 @@ def _callables(obj: Any) -> dict:
 # --------------------------------------------------------------------------- the worker (parent side)
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
 class ToolWorker:
     """One forked worker holding one tool; :meth:`request` sends calls and waits for the answer."""
 
@@ -315,9 +315,7 @@ class ToolWorker:
         if pid == 0:  # the worker: never returns into the caller's code
             code = 0
             try:
-                for sig in STOP_SIGNALS:  # the parent's handlers are the parent's
-                    signal.signal(sig, signal.SIG_DFL)
-                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # _confine resets the handlers
                 parent.close()
                 _serve(child, self.tool, self.make, self.limits, self.scratch)
             except BaseException:  # noqa: BLE001 - whatever happens, the worker only exits
