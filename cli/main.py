@@ -26,6 +26,7 @@ and append it to ``COMMANDS``; a handler takes the parsed args and returns an ex
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import signal
 import sys
@@ -453,6 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status (agentr1/errors.py). A refusal a person can act
     on is one line on stderr, ``agentr1: error: ...``; ``agentr1 -v`` adds its traceback."""
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>`: every thread's stack to stderr, and go on
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -63,14 +63,28 @@ def fresh_store(empty_db, tmp_path, monkeypatch) -> str:
     return f"sqlite:///{db}"
 
 
+DUMP_ON_USR1 = "import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+"""What ``agentr1`` does at start (cli/main.py), for the bare ``python -c`` children here."""
+
+
 def spawn(code: str, *args: str) -> subprocess.Popen:
     """``python -c code args`` in the repository, with this test's environment."""
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen([sys.executable, "-c", DUMP_ON_USR1 + textwrap.dedent(code), *args], cwd=ROOT,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
+def finish(proc: subprocess.Popen, timeout_s: float = CHILD_TIMEOUT_S) -> tuple[int, str, str]:
+    """The child's exit status, stdout and stderr. One still running after ``timeout_s`` fails
+    the test with every thread's stack (SIGUSR1, which it dumps to stderr), then is killed."""
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        out, err = proc.communicate()
+        said = err if err is not None else out  # stderr, or both where stderr went to stdout
+        pytest.fail(f"pid {proc.pid} still running after {timeout_s:.0f} s; its stacks and output:\n{said[-6000:]}")
     return proc.returncode, out, err
 
 
@@ -262,7 +276,7 @@ SLEEPER = """
 """
 
 
-@pytest.mark.skip(reason="KNOWN RACE, open: passes alone (16 s), hangs >120 s inside the full suite (CI 2026-12-02, twice); see the session-11 closing note")
+
 def test_interrupted_runs_end_killed_by_a_handler_or_at_the_next_start(fresh_store):
     """SIGTERM and Ctrl-C: the process ends its own run KILLED. SIGKILL: nothing in the
     process can react, so the run stays RUNNING until the next run in its experiment starts
