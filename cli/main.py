@@ -11,6 +11,7 @@
     agentr1 evaluate --checkpoint DIR --data DIR --split test [--config FILE] [-o key=value ...]
     agentr1 ask --model champion|<version>|<dir> [--json] [--corpus FILE] [--temperature T --seed N] "question" ...
     agentr1 serve --model champion|<version>|<dir> [--host 127.0.0.1 --port 8000]   (OpenAI chat completions)
+    agentr1 mcp-serve [--config conf/train.yaml] [--data DIR] [--http PORT]   (the agent's tools as an MCP server)
     agentr1 pipeline [--flow pipeline|retrain|evaluate] [--preset train] [-o key=value ...]   (Prefect flows)
     agentr1 ablate [--preset quick] [-o key=value ...] [--output-dir DIR]   (the ablation flow)
     agentr1 report --study NAME [--run RUN_ID ...] [--out docs/results] [--include README.md]   (from MLflow)
@@ -436,6 +437,15 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
 
 
 COMMANDS.append(_add_serve)
+
+
+def _add_mcp_serve(subparsers: argparse._SubParsersAction) -> None:
+    from cli.mcp_serve import add_mcp_serve  # the mcp SDK is imported only when the command runs
+
+    add_mcp_serve(subparsers)
+
+
+COMMANDS.append(_add_mcp_serve)
 COMMANDS.append(_add_pipeline)
 COMMANDS.append(_add_ablate)
 COMMANDS.append(_add_report)
@@ -451,11 +461,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _dump_stacks_on_usr1() -> None:
+    """`kill -USR1 <pid>` prints every thread's stack to the process's stderr, and it goes on."""
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # no SIGUSR1 (Windows), or no real stderr to write to
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status (agentr1/errors.py). A refusal a person can act
     on is one line on stderr, ``agentr1: error: ...``; ``agentr1 -v`` adds its traceback."""
-    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>`: every thread's stack to stderr, and go on
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _dump_stacks_on_usr1()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
