@@ -98,6 +98,34 @@ class SandboxConfig(_Section):
     ``env.max_doc_chars``)."""
 
 
+class McpServerConfig(_Section):
+    """An MCP server whose tools the agent gets (``agentr1.env.mcp``): started with the run over
+    stdio (``command``), or reached over streamable HTTP (``url``)."""
+
+    name: str = Field(min_length=1)
+    """What messages and logs call the server."""
+    command: list[str] = []
+    """The stdio server's command line, e.g. ``[python, my_server.py]`` (run in the working
+    directory; ``python`` means this interpreter)."""
+    url: str | None = None
+    """A streamable-HTTP server's endpoint, e.g. ``http://127.0.0.1:8765/mcp``."""
+    env: dict[str, str] = {}
+    """Environment variables of the stdio server beside the SDK's safe defaults (HOME, PATH, ...)."""
+    tools: list[str] | None = None
+    """The server's tools the agent gets (None: all that ``tools/list`` names)."""
+    start_timeout_s: float = Field(60.0, gt=0)
+    """Seconds the server may take to start and list its tools."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "McpServerConfig":
+        if bool(self.command) == bool(self.url):
+            raise ValueError(f"env.mcp {self.name!r}: give exactly one of command (a stdio server) or url "
+                             "(streamable HTTP)")
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"env.mcp {self.name!r}: url must start with http:// or https://")
+        return self
+
+
 class EnvConfig(_Section):
     kind: str = "qa"
     """The environment (``agentr1.env.registry``): ``qa`` (search, then answer), ``tools`` (the
@@ -122,6 +150,9 @@ class EnvConfig(_Section):
     max_context_tokens: int = Field(640, ge=32)
     """An episode ends when its sequence would outgrow this."""
     sandbox: SandboxConfig = SandboxConfig()
+    mcp: list[McpServerConfig] = []
+    """MCP servers whose tools the agent has beside ``tools`` (their calls bounded by
+    ``sandbox.wall_s`` and ``sandbox.output_chars``; the server process is the sandbox)."""
 
 
 class RewardConfig(_Section):

@@ -28,13 +28,16 @@ The project (``agentr1``, ``models``, ``tasks``) must be installed where the mod
 """
 from __future__ import annotations
 
+import copy
+
 import mlflow
 import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from agentr1.agent import chat_agent_output, check_request, question_of, responses_output, transcript
-from tasks.tracking import CHAT_MESSAGES, CORPUS_ARTIFACT, PLUGIN_ARTIFACT, POLICY_ARTIFACT, QUESTION, RESPONSES_INPUT
+from tasks.tracking import (CHAT_MESSAGES, CORPUS_ARTIFACT, MCP_ARTIFACT, PLUGIN_ARTIFACT, POLICY_ARTIFACT, QUESTION,
+                            RESPONSES_INPUT)
 
 
 class AgentModel(mlflow.pyfunc.PythonModel):
@@ -47,7 +50,11 @@ class AgentModel(mlflow.pyfunc.PythonModel):
         conf = context.model_config
         corpus = conf.get("corpus") or context.artifacts[CORPUS_ARTIFACT]
         plugins = [path for key, path in sorted(context.artifacts.items()) if key.startswith(PLUGIN_ARTIFACT)]
-        config = {**conf["config"], "plugins": [*conf["config"].get("plugins", []), *plugins]}
+        config = copy.deepcopy({**conf["config"], "plugins": [*conf["config"].get("plugins", []), *plugins]})
+        for key, path in context.artifacts.items():  # an MCP server's script: the logged copy
+            if key.startswith(MCP_ARTIFACT):
+                server, arg = map(int, key[len(MCP_ARTIFACT):].split("_"))
+                config["env"]["mcp"][server]["command"][arg] = path
         self.agent = Agent(Config.model_validate(config), context.artifacts[POLICY_ARTIFACT], corpus,
                            device=conf.get("device"))
         self.trace_experiment = None

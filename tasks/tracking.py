@@ -122,6 +122,8 @@ POLICY_ARTIFACT = "policy"
 CORPUS_ARTIFACT = "corpus"
 DATABASE_ARTIFACT = "database"
 PLUGIN_ARTIFACT = "plugin_"
+MCP_ARTIFACT = "mcp_"
+"""``mcp_<server>_<argument>``: a file an MCP server's command names (agentr1.env.mcp.command_files)."""
 """Prefix of the artifacts holding the run's plug-in ``.py`` files (``plugin_0``, ...)."""
 QUESTION = "question"  # the model's input column; or one agent conversation in either of:
 RESPONSES_INPUT = "input"  # MLflow ResponsesAgent requests
@@ -651,12 +653,14 @@ def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str 
     if not any((model_dir / f).is_file() for f in ("config.json", ADAPTER_CONFIG_FILE)):
         raise FileNotFoundError(f"{model_dir}: not a Hugging Face model directory "
                                 f"(no config.json or {ADAPTER_CONFIG_FILE})")
+    from agentr1.env.mcp import command_files
     from agentr1.env.registry import plugin_files
 
     corpus = Path(corpus) if corpus is not None else corpus_path(cfg.data.dir)
     if not corpus.is_file():
         raise FileNotFoundError(f"{corpus}: the corpus the agent searches is missing")
     files = {f"{PLUGIN_ARTIFACT}{i}": str(p) for i, p in enumerate(plugin_files(cfg.plugins))}
+    files.update({f"{MCP_ARTIFACT}{i}_{j}": str(p) for (i, j), p in command_files(cfg.env.mcp).items()})
     # The sql tool's database sits beside the corpus; MLflow copies every file artifact into one
     # folder, so the served agent finds it beside its corpus copy (agentr1.env.sql.db_path_of).
     database = corpus.parent / DB_FILE

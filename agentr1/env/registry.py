@@ -300,10 +300,15 @@ def build_tools(cfg: Config, data_dir: Path, names: list[str] | tuple[str, ...])
 
 def build_env(cfg: Config, data_dir: str | Path) -> Environment:
     """The environment ``cfg.env.kind`` over the dataset (or resources) in ``data_dir``, with
-    its own tools and ``cfg.env.tools``."""
+    its own tools, ``cfg.env.tools`` and the tools of the MCP servers in ``cfg.env.mcp``."""
     kind = env_kind(resolve(cfg).env.kind)
     names = list(dict.fromkeys([*kind.tools, *cfg.env.tools]))
-    env = _resolve(kind.build)(cfg, Path(data_dir), build_tools(cfg, Path(data_dir), names))
+    tools = build_tools(cfg, Path(data_dir), names)
+    if cfg.env.mcp:  # the MCP servers' tools (agentr1.env.mcp): each server starts here
+        from agentr1.env.mcp import mcp_tools
+
+        tools += mcp_tools(cfg)
+    env = _resolve(kind.build)(cfg, Path(data_dir), tools)
     env.kind = kind.name
     return env
 

@@ -435,4 +435,4 @@ def sandboxed(tools: list[Tool], limits: SandboxLimits | None) -> list[Tool]:
     """``tools`` each in a sandbox (``limits`` None: as they are, in this process)."""
     if limits is None:
         return list(tools)
-    return [t if isinstance(t, SandboxedTool) else SandboxedTool(t, limits) for t in tools]
+    return [t if isinstance(t, SandboxedTool) or t.isolated else SandboxedTool(t, limits) for t in tools]

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from transformers.utils import get_json_schema
 
@@ -73,6 +73,9 @@ class Tool:
     make: Callable[[], Any] | None = None
     """Builds the tool's callable anew, in a sandboxed worker (``agentr1.env.sandbox``), so that it
     opens its own files there; None: the worker uses the object it inherits."""
+    isolated: ClassVar[bool] = False
+    """True for a tool whose calls already run in a process of their own (an MCP server's): it
+    gets no sandbox worker around it."""
 
     @classmethod
     def from_callable(cls, fn: Callable[..., Any], name: str | None = None,
