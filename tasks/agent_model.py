@@ -1,9 +1,10 @@
 """The trained agent as an MLflow pyfunc, logged as *models-from-code*: MLflow stores this
 file with the model and runs it when loading, so loading a registered model unpickles nothing.
 
-``tracking.log_policy_model`` logs it with the policy directory and the corpus its search
-tool reads (and the run's plug-in ``.py`` files, which register its tools) as artifacts, and the
-run's own settings as ``model_config`` (``tracking.agent_config``):
+``tracking.log_policy_model`` logs it with the policy directory, the dataset's resources its
+tools read (the corpus, the SQL world's database, a plug-in generator's files), the run's plug-in
+``.py`` files (which register its tools) and its MCP servers' scripts as artifacts, and the run's
+own settings as ``model_config`` (``tracking.agent_config``):
 
 - ``config``: the run's ``seed``, ``env`` (environment kind and tools), ``reward`` and ``rollout``
   sections, and its plug-ins;
@@ -37,7 +38,7 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from agentr1.agent import chat_agent_output, check_request, question_of, responses_output, transcript
 from tasks.tracking import (CHAT_MESSAGES, CORPUS_ARTIFACT, MCP_ARTIFACT, PLUGIN_ARTIFACT, POLICY_ARTIFACT, QUESTION,
-                            RESPONSES_INPUT)
+                            RESOURCES_ARTIFACT, RESPONSES_INPUT)
 
 
 class AgentModel(mlflow.pyfunc.PythonModel):
@@ -48,14 +49,18 @@ class AgentModel(mlflow.pyfunc.PythonModel):
         from agentr1.config import Config
 
         conf = context.model_config
-        corpus = conf.get("corpus") or context.artifacts[CORPUS_ARTIFACT]
+        # The resources directory (corpus, database, a plug-in's files); a model logged before
+        # resources travelled carries its corpus file alone. ``corpus`` (agentr1 ask --corpus) swaps the corpus.
+        resources = context.artifacts.get(RESOURCES_ARTIFACT) or context.artifacts[CORPUS_ARTIFACT]
+        if conf.get("corpus"):
+            resources = conf["corpus"]
         plugins = [path for key, path in sorted(context.artifacts.items()) if key.startswith(PLUGIN_ARTIFACT)]
         config = copy.deepcopy({**conf["config"], "plugins": [*conf["config"].get("plugins", []), *plugins]})
         for key, path in context.artifacts.items():  # an MCP server's script: the logged copy
             if key.startswith(MCP_ARTIFACT):
                 server, arg = map(int, key[len(MCP_ARTIFACT):].split("_"))
                 config["env"]["mcp"][server]["command"][arg] = path
-        self.agent = Agent(Config.model_validate(config), context.artifacts[POLICY_ARTIFACT], corpus,
+        self.agent = Agent(Config.model_validate(config), context.artifacts[POLICY_ARTIFACT], resources,
                            device=conf.get("device"))
         self.trace_experiment = None
         if conf.get("trace_experiment"):  # each served episode as an MLflow trace in this experiment

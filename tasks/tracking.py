@@ -27,9 +27,11 @@ import logging
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import warnings
@@ -119,12 +121,15 @@ SEARCH_MAX_RESULTS = 1000  # RUNNING runs looked at per start: far more than eve
 # The agent as an MLflow model (models-from-code: this file is the model).
 AGENT_MODEL_CODE = Path(__file__).with_name("agent_model.py")
 POLICY_ARTIFACT = "policy"
+RESOURCES_ARTIFACT = "resources"
+"""A directory: the dataset's resources (``agentr1.data.records.resource_files``: the corpus, the
+SQL world's database, whatever a plug-in's generator wrote), which the tools read."""
 CORPUS_ARTIFACT = "corpus"
-DATABASE_ARTIFACT = "database"
+"""A model logged before its resources travelled as one directory: its corpus file (loaded still)."""
 PLUGIN_ARTIFACT = "plugin_"
+"""Prefix of the artifacts holding the run's plug-in ``.py`` files (``plugin_0``, ...)."""
 MCP_ARTIFACT = "mcp_"
 """``mcp_<server>_<argument>``: a file an MCP server's command names (agentr1.env.mcp.command_files)."""
-"""Prefix of the artifacts holding the run's plug-in ``.py`` files (``plugin_0``, ...)."""
 QUESTION = "question"  # the model's input column; or one agent conversation in either of:
 RESPONSES_INPUT = "input"  # MLflow ResponsesAgent requests
 CHAT_MESSAGES = "messages"  # MLflow ChatAgent requests
@@ -635,9 +640,10 @@ def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str 
                      corpus: str | Path | None = None) -> str:
     """Log the agent of run ``run_id`` as a pyfunc model (``tasks/agent_model.py``, from code):
     the Hugging Face policy directory (weights, tokenizer, chat template, value head), the
-    corpus its search tool reads (default: ``corpus.jsonl`` of ``cfg.data.dir``) and, when there
-    is one beside it, the sql tool's database as artifacts,
-    and ``cfg``'s episode settings (:func:`agent_config`); returns its ``models:/<id>`` URI.
+    dataset's resources its tools read (every file beside ``corpus.jsonl`` in ``cfg.data.dir``, or
+    in the directory of ``corpus``: the SQL world's database, a plug-in generator's files), the
+    plug-in files and the files MCP servers' commands name (their scripts) as artifacts, and
+    ``cfg``'s episode settings (:func:`agent_config`); returns its ``models:/<id>`` URI.
 
     ``cfg`` is the run's own config. A LoRA adapter directory is logged as is: its base model
     must be at the recorded path where the model is loaded.
@@ -646,26 +652,26 @@ def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str 
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
     from mlflow.types.schema import Array, Object, Property
 
-    from agentr1.data.records import corpus_path
-    from agentr1.env.sql import DB_FILE
+    from agentr1.data.records import CORPUS_FILE, corpus_path, resource_files
+    from agentr1.env.mcp import command_files
+    from agentr1.env.registry import plugin_files
 
     model_dir = Path(model_dir)
     if not any((model_dir / f).is_file() for f in ("config.json", ADAPTER_CONFIG_FILE)):
         raise FileNotFoundError(f"{model_dir}: not a Hugging Face model directory "
                                 f"(no config.json or {ADAPTER_CONFIG_FILE})")
-    from agentr1.env.mcp import command_files
-    from agentr1.env.registry import plugin_files
-
     corpus = Path(corpus) if corpus is not None else corpus_path(cfg.data.dir)
     if not corpus.is_file():
         raise FileNotFoundError(f"{corpus}: the corpus the agent searches is missing")
     files = {f"{PLUGIN_ARTIFACT}{i}": str(p) for i, p in enumerate(plugin_files(cfg.plugins))}
     files.update({f"{MCP_ARTIFACT}{i}_{j}": str(p) for (i, j), p in command_files(cfg.env.mcp).items()})
-    # The sql tool's database sits beside the corpus; MLflow copies every file artifact into one
-    # folder, so the served agent finds it beside its corpus copy (agentr1.env.sql.db_path_of).
-    database = corpus.parent / DB_FILE
-    if database.is_file():
-        files[DATABASE_ARTIFACT] = str(database)
+    # One directory of the resources, under their own names (the tools find them as in training).
+    staging = Path(tempfile.mkdtemp(prefix="agentr1-model-"))
+    resources = staging / RESOURCES_ARTIFACT  # MLflow keeps a directory artifact's own name
+    resources.mkdir()
+    for path in [corpus, *(p for p in resource_files(corpus.parent) if p.name != CORPUS_FILE)]:
+        shutil.copy2(path, resources / (CORPUS_FILE if path == corpus else path.name))
+    files[RESOURCES_ARTIFACT] = str(resources)
     c = client()
     # Created here, not by Model.log: that would file it under the process's "current"
     # experiment rather than the run's.
@@ -680,14 +686,23 @@ def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str 
                                               ColSpec(messages, CHAT_MESSAGES, required=False)]),
                                params=ParamSchema([ParamSpec("temperature", "double", 0.0),
                                                    ParamSpec("seed", "long", 0)]))
-    with _quiet(".*An input example was not provided", logger="mlflow.pyfunc"):
+    with _quiet(".*An input example was not provided", logger="mlflow.pyfunc"), _removed_after(staging):
         info = mlflow.models.Model.log(
             artifact_path=None, name=name, flavor=mlflow.pyfunc, run_id=run_id, model_id=logged.model_id,
             python_model=str(AGENT_MODEL_CODE),
-            artifacts={POLICY_ARTIFACT: str(model_dir), CORPUS_ARTIFACT: str(corpus), **files},
+            artifacts={POLICY_ARTIFACT: str(model_dir), **files},
             model_config=agent_config(cfg), pip_requirements=_requirements(), signature=signature,
         )
     return info.model_uri
+
+
+@contextmanager
+def _removed_after(path: Path) -> Iterator[None]:
+    """A temporary directory of ours, removed however the body ends."""
+    try:
+        yield
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # -- registry ------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ scoring server, input validation (4xx, not a crash), another corpus at load time
 checks compare with the environment's own episode of the same question instead."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -124,7 +125,7 @@ def test_the_model_is_code_plus_artifacts_with_the_runs_settings(registered, wor
     files = {p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()}
     assert "agent_model.py" in {Path(f).name for f in files}  # the model is this code file
     assert not any(f.endswith(".pkl") for f in files), "loading must unpickle nothing"
-    assert "artifacts/corpus.jsonl" in files
+    assert "artifacts/resources/corpus.jsonl" in files  # the dataset's resources, one directory
     assert any(f.startswith("artifacts/") and f.endswith("/value_head.safetensors") for f in files)
     conf = mlflow.models.Model.load(local).flavors["python_function"]["config"]  # the logged model_config
     assert conf["config"]["env"] == world["cfg"].env.model_dump(mode="json")
@@ -234,10 +235,12 @@ def test_served_episodes_are_traces_when_asked(registered, world):
     assert sum(s.span_type == "LLM" for s in trace.data.spans) == result["turns"]
 
 
-def test_served_by_mlflow_answers_like_predict_and_refuses_bad_input(registered, model, world):
+@contextlib.contextmanager
+def scoring_server(model_uri: str):
+    """``mlflow models serve`` of ``model_uri`` on a free local port, once it answers /ping: its URL."""
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "models", "serve", "-m", registered, "--env-manager", "local",
+        [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri, "--env-manager", "local",
          "-p", str(port), "--host", "127.0.0.1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=_venv_env())
     url = f"http://127.0.0.1:{port}"
@@ -253,16 +256,26 @@ def test_served_by_mlflow_answers_like_predict_and_refuses_bad_input(registered,
                 pass
             assert time.monotonic() < deadline, "the scoring server did not start"
             time.sleep(0.5)
+        yield url
+    finally:
+        _stop(server)
 
+
+def post_questions(url: str, questions: list[str]) -> tuple[int, object]:
+    """POST ``questions`` to a scoring server's /invocations: (HTTP status, JSON body)."""
+    body = {"dataframe_split": {"columns": ["question"], "data": [[q] for q in questions]}}
+    req = urllib.request.Request(f"{url}/invocations", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_served_by_mlflow_answers_like_predict_and_refuses_bad_input(registered, model, world):
+    with scoring_server(registered) as url:
         def post(questions: list[str]):
-            body = {"dataframe_split": {"columns": ["question"], "data": [[q] for q in questions]}}
-            req = urllib.request.Request(f"{url}/invocations", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(req, timeout=120) as resp:
-                    return resp.status, json.loads(resp.read())
-            except urllib.error.HTTPError as e:
-                return e.code, json.loads(e.read())
+            return post_questions(url, questions)
 
         questions = _questions(world)
         status, body = post(questions)
@@ -282,8 +295,6 @@ def test_served_by_mlflow_answers_like_predict_and_refuses_bad_input(registered,
         assert status == 400 and "empty" in body["message"]
         assert post(["x" * 100_000])[0] == 400
         assert post(questions[:1])[0] == 200  # a refused request leaves the server serving
-    finally:
-        _stop(server)
 
 
 def test_ask_cli_answers_with_json(registered, world, capsys):

@@ -134,7 +134,7 @@ def test_cli_synth_kind_sql_writes_the_same_bytes_in_a_fresh_process(tmp_path, c
 
 @pytest.mark.slow
 def test_the_logged_sql_agent_carries_its_database_and_has_its_own_registered_model(tmp_path):
-    """The MLflow model of an SQL agent holds world.sqlite beside its corpus; loaded, its sql tool
+    """The MLflow model of an SQL agent holds world.sqlite among its resources, beside its corpus; loaded, its sql tool
     answers from that copy (a missing database would fail the load). It is registered as
     agentr1-policy-sql, whose champion is its own: the search agent's is not touched."""
     import mlflow
@@ -156,7 +156,7 @@ def test_the_logged_sql_agent_carries_its_database_and_has_its_own_registered_mo
     with tracking.start_run("agentr1-test", "sql-agent") as run_id:
         uri = tracking.log_policy_model(run_id, policy_dir, cfg)
     local = __import__("pathlib").Path(mlflow.artifacts.download_artifacts(uri))
-    assert (local / "artifacts" / DB_FILE).read_bytes() == (tmp_path / "data" / DB_FILE).read_bytes()
+    assert (local / "artifacts" / "resources" / DB_FILE).read_bytes() == (tmp_path / "data" / DB_FILE).read_bytes()
     agent = mlflow.pyfunc.load_model(uri).unwrap_python_model().agent
     hop = splits["test"][0].meta["chain"][0]
     output = agent.env.tool("sql").fn(hop["query"])

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_faults_registry import empty_db, fresh_store  # noqa: F401  (fixtures: a store of this test's own)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,3 +36,41 @@ def test_units_example_trains_from_its_plugin(tmp_path):
     assert first["calls"][0]["name"] == "convert" and first["source"] == "units"
     # The episodes called the plug-in's tool (well-formed or not, the transcript names it).
     assert '"name": "convert"' in (tmp_path / "run" / "trajectories_final.txt").read_text()
+
+
+@pytest.mark.slow
+def test_a_plugin_with_its_own_data_file_registers_and_is_served_without_its_dataset(prefect_api, fresh_store,  # noqa: F811
+                                                                                    tmp_path, capsys):
+    """docs/examples/shop.py: its generator writes catalogue.json beside the records, and its
+    lookup_price tool (a factory) reads it. Trained and registered by the pipeline, the model
+    carries the catalogue: with the dataset moved away, `agentr1 ask --model champion` and
+    `mlflow models serve` answer, and the served tool reads the logged copy."""
+    import mlflow
+    from test_agent_model import post_questions, scoring_server
+
+    from cli.main import main
+    from flows.pipeline import pipeline
+    from tasks import tracking
+    from tasks.params import DataSource, PipelineParams
+
+    data = tmp_path / "data"
+    overrides = [f"data.dir={data}", "data.synth.n_train=48", "data.synth.n_dev=4", "data.synth.n_test=8",
+                 "sft.episodes=48", "sft.steps=4", "sft.batch_size=8", "sft.warmup_steps=1", "ppo.iterations=1",
+                 "ppo.episodes_per_iter=8", "ppo.minibatch_size=8", "eval.batch_size=8", "model.vocab_size=300",
+                 "model.hidden_size=32", "model.num_layers=1"]
+    result = pipeline(PipelineParams(preset="conf/shop.yaml", overrides=overrides, output_dir=str(tmp_path / "run"),
+                                     data=DataSource(version=False)))
+    prices = json.loads((data / "catalogue.json").read_text())
+    data.rename(tmp_path / "moved")  # nothing may read the dataset from here on
+    champion = f"models:/{result['registered_model']}@champion"
+    assert result["registered_model"] == tracking.model_name("shop") and result["promotion"]["promoted"]
+
+    assert main(["ask", "--model", champion, "--json", "How much is the lamp in EUR?"]) == 0
+    (answer,) = json.loads(capsys.readouterr().out)["results"]
+    assert answer["question"] == "How much is the lamp in EUR?" and answer["turns"] >= 1
+    tracking.client()  # MLflow's global URI: this test's store
+    agent = mlflow.pyfunc.load_model(champion).unwrap_python_model().agent
+    assert agent.env.tool("lookup_price").run_batch([{"item": "lamp"}])[0][0].text == f"{prices['lamp']:.2f} USD"
+    with scoring_server(champion) as url:
+        status, body = post_questions(url, ["How much is the mug in GBP?"])
+    assert status == 200 and body["predictions"][0]["question"] == "How much is the mug in GBP?"

@@ -420,6 +420,15 @@ def load_split(data_dir: str | os.PathLike, split: str) -> list[QARecord]:
     return splits[split]
 
 
+def resource_files(data_dir: str | os.PathLike) -> list[Path]:
+    """What a dataset holds beside its records: ``corpus.jsonl`` and every other file at its top
+    level (a generator's ``files``: the SQL world's database, a plug-in's catalogue), not the
+    marker or hidden files. The environment's tools read these; a logged agent carries them."""
+    data_dir = Path(data_dir)
+    return sorted((p for p in data_dir.iterdir() if p.is_file() and not p.name.startswith(".")),
+                  key=lambda p: (p.name != CORPUS_FILE, p.name))
+
+
 def load_corpus_dir(data_dir: str | os.PathLike) -> list[Document]:
     """DIR/corpus.jsonl."""
     return load_corpus(corpus_path(data_dir))

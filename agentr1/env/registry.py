@@ -103,7 +103,8 @@ class EnvKind:
 class ToolEntry:
     name: str
     make: Callable[..., Any] | str
-    """The tool callable, or with ``factory`` a ``factory(cfg, data_dir) -> callable``."""
+    """The tool callable, or with ``factory`` a ``factory(cfg, data_dir) -> callable``: ``data_dir`` is
+    the dataset directory, or a served model's copy of its resources (the same file names)."""
     factory: bool = False
 
 
@@ -287,6 +288,8 @@ def build_tools(cfg: Config, data_dir: Path, names: list[str] | tuple[str, ...])
 
     check_tools(list(names))
     data_dir = Path(data_dir).resolve()  # a factory runs again in its sandbox worker, whose cwd is its scratch dir
+    if data_dir.is_file():  # a served agent given a corpus file: the resources lie beside it
+        data_dir = data_dir.parent
     tools = []
     for n in names:
         entry = _TOOLS[n]
