@@ -240,6 +240,7 @@ def children_of(parent_run_id: str) -> list:
     return tracking.client().search_runs([experiment], f"tags.mlflow.parentRunId = '{parent_run_id}'")
 
 
+@pytest.mark.slow
 def test_flow_writes_the_table_plots_and_nested_runs(first_run):
     from test_flows import artifacts_of
 
@@ -276,6 +277,7 @@ def test_flow_writes_the_table_plots_and_nested_runs(first_run):
     assert '▶ <tool_call>{"name": "search", "arguments": {"query": "' in question_call
 
 
+@pytest.mark.slow
 def test_rerun_reuses_finished_runs_and_resumes_unfinished_ones(first_run, capsys):
     from cli.main import main
 
@@ -301,6 +303,7 @@ def test_rerun_reuses_finished_runs_and_resumes_unfinished_ones(first_run, capsy
     assert sorted(m.step for m in steps) == [1, 2], "the earlier attempt's iterations are logged too"
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_resumes_from_its_checkpoint(first_run, tmp_path):
     from tasks.training import workspace
 

@@ -272,6 +272,7 @@ def post_questions(url: str, questions: list[str]) -> tuple[int, object]:
         return e.code, json.loads(e.read())
 
 
+@pytest.mark.slow
 def test_served_by_mlflow_answers_like_predict_and_refuses_bad_input(registered, model, world):
     with scoring_server(registered) as url:
         def post(questions: list[str]):

@@ -104,6 +104,7 @@ def test_conf_synth_matches_make_data():
     assert vars(bare) | {"out": "unused"} == vars(a) | {"out": "unused"}
 
 
+@pytest.mark.slow
 def test_regenerated_data_hashes_to_data_dvc(regenerated, pinned):
     _check_pinned(regenerated, pinned)
 

@@ -60,6 +60,7 @@ def test_a_write_that_fills_the_disk_leaves_nothing_and_says_so(tmp_path):
     assert listing == "[]"  # no half-written directory under the final name, no temporary left
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["train", "pipeline"])
 def test_train_and_pipeline_say_the_disk_is_full_in_one_line(command, tmp_path):
     from test_trainer import TINY

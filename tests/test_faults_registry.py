@@ -113,6 +113,7 @@ BARRIER = """
 # ----------------------------------------------------------------------------- the store
 
 
+@pytest.mark.slow
 def test_first_clients_on_a_new_store_do_not_race(new_store, tmp_path):
     """Two processes open a brand-new store at the same instant; without the lock, MLflow's
     schema set-up collides ("table ... already exists", an alembic row mismatch): 3 tries of 3

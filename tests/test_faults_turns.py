@@ -221,6 +221,7 @@ def test_100k_generated_turns_parse_step_and_encode(world):
     assert kinds["Error"] > 0.3 * turns and kinds["Doc 1"] > 0.02 * turns and kinds["No do"] > 0.02 * turns, kinds
 
 
+@pytest.mark.slow
 def test_hostile_turns_through_the_rollout_engine_into_the_rollout_table(world, tmp_path):
     """The real engine with a junk sampler, then the Parquet rollout table and collate."""
     chat, tok = world["chat"], world["tok"]

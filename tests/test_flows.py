@@ -354,6 +354,7 @@ def test_corrupted_rollout_batch_stops_before_the_update(prefect_api, data_dir, 
     assert registry_state() == before
 
 
+@pytest.mark.slow
 def test_the_pipeline_checkpoints_on_the_configs_schedule(prefect_api, data_dir, warm_dir, tmp_path, monkeypatch):
     """Under Prefect the PPO iterations are the engine's one loop (trainer.run_ppo): a checkpoint
     every ppo.checkpoint_every iterations and at the end, each batch stored and validated first."""

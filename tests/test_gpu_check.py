@@ -24,6 +24,7 @@ POSITIVE = ("peak_bf16_tflops", "parameters_m", "engine_startup_s", "rollout_tok
             "update_tflops", "update_mfu", "weight_sync_s")
 
 
+@pytest.mark.slow
 def test_cpu_mode_prints_finite_positive_numbers_and_a_small_logprob_gap():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     res = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu"], cwd=ROOT, env=env,
