@@ -249,7 +249,10 @@ class PPOConfig(_Section):
     lam: float = Field(0.95, ge=0, le=1)
     max_grad_norm: float = 1.0
     whiten_advantages: bool = True
-    mixed_precision: Literal["no", "bf16"] = "no"
+    mixed_precision: Literal["no", "bf16", "auto"] = "no"
+    """Autocast of the warm-up and PPO updates (weights and optimizer stay fp32): ``bf16``, ``no``,
+    or ``auto``: bf16 only where the device has it natively (a GPU, a CPU with AMX or AVX-512 BF16;
+    ``agentr1.trainer.native_bf16``), since emulated bf16 is far slower than fp32."""
     checkpoint_every: int = Field(10, ge=0)
     check_rollouts: bool = True
     """Check every rollout batch against agentr1/rollout/checks.py's rules before learning from

@@ -130,6 +130,9 @@ def make_engine(cfg: Config, env: Environment, model, tokenizer, chat, device) -
 
     if resolve_backend(cfg.rollout.backend, model.policy, device) == "vllm":
         dtype = torch.bfloat16 if cfg.rollout.dtype == "bf16" else None
+        if dtype is not None and not native_bf16(device):
+            log.warning("rollout.dtype=bf16 on a device without native bf16 (a CPU without AMX or AVX-512 BF16): "
+                        "vLLM samples in emulated bf16, far slower than fp32 here; rollout.dtype=auto samples in fp32")
         backend = VLLMBackend(model.policy, device, max_model_len=cfg.env.max_context_tokens, seed=cfg.seed,
                               dtype=dtype)
     elif cfg.rollout.dtype != "auto":
@@ -148,13 +151,40 @@ def launched_processes() -> int:
     return get_int_from_env(["PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "WORLD_SIZE"], 1)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes in bf16 natively: a CUDA GPU that supports it, or a CPU with AMX
+    or AVX-512 BF16 (Linux: /proc/cpuinfo). Elsewhere bf16 is emulated and slower than fp32 (an
+    AMD EPYC without AVX-512 took minutes for what fp32 does in seconds)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return bool({"amx_bf16", "avx512_bf16"} & set(flags))
+
+
+def training_precision(setting: str, device: torch.device) -> str:
+    """``ppo.mixed_precision`` as accelerate takes it: ``auto`` is ``bf16`` where
+    :func:`native_bf16`, else ``no``; ``bf16`` and ``no`` are kept as the user set them."""
+    if setting != "auto":
+        return setting
+    chosen = "bf16" if native_bf16(device) else "no"
+    log.info("mixed precision auto -> %s (%s)", chosen, "native bf16 on this device" if chosen == "bf16"
+             else "no native bf16 on this device: fp32")
+    return chosen
+
+
 def make_accelerator(cfg: Config, device: torch.device, mixed_precision: str, grad_accum: int) -> Accelerator:
+    """The accelerator of a training stage at ``mixed_precision`` (:func:`training_precision`; the
+    precision it chose is ``acc.mixed_precision``)."""
     # Accelerate keeps process-wide state; reset it so several runs in one process
     # (tests, ablations) can each choose their own precision.
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)
-    acc = Accelerator(cpu=device.type == "cpu", mixed_precision=mixed_precision,
+    acc = Accelerator(cpu=device.type == "cpu", mixed_precision=training_precision(mixed_precision, device),
                       gradient_accumulation_steps=grad_accum)
     if acc.num_processes == 1 and "MASTER_ADDR" in os.environ and launched_processes() == 1:
         # accelerate's simple launcher sets MASTER_ADDR for --num_processes > 1 but starts one process
@@ -331,7 +361,7 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
                  corpus_steps, len(rows), sft.corpus_block, sft.steps)
     total = corpus_steps + sft.steps
     acc = make_accelerator(cfg, ws.device, cfg.ppo.mixed_precision, 1)
-    attention_for_precision(model, ws.device, cfg.ppo.mixed_precision)
+    attention_for_precision(model, ws.device, acc.mixed_precision)
     optimizer = (MuonWithAdamW(muon_groups(model, sft.muon_lr, sft.lr, sft.weight_decay))
                  if sft.optimizer == "muon" else
                  torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=sft.weight_decay))
@@ -502,7 +532,7 @@ class PPOSession:
         bound = reward_bound(cfg.reward.model_dump(), cfg.env.max_turns)
         self.reward_bounds = (-bound, bound)
         self.acc = make_accelerator(cfg, ws.device, p.mixed_precision, p.grad_accum)
-        attention_for_precision(model, ws.device, p.mixed_precision)
+        attention_for_precision(model, ws.device, self.acc.mixed_precision)
         optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=p.lr, weight_decay=0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
         self.iteration, self.history = 0, []

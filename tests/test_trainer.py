@@ -151,3 +151,13 @@ def test_cli_evaluate_prints_metrics(data_dir, tmp_path, capsys):
 def test_every_shipped_config_validates(path):
     cfg = load_config(path)
     assert cfg.model.kind in ("scratch", "pretrained")
+
+
+def test_auto_precision_is_bf16_only_where_the_device_has_it_natively(monkeypatch):
+    from agentr1 import trainer
+
+    cpu = torch.device("cpu")
+    assert trainer.training_precision("bf16", cpu) == "bf16" and trainer.training_precision("no", cpu) == "no"
+    for native, chosen in ((True, "bf16"), (False, "no")):
+        monkeypatch.setattr(trainer, "native_bf16", lambda device, native=native: native)
+        assert trainer.training_precision("auto", cpu) == chosen
