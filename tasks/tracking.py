@@ -665,13 +665,6 @@ def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str 
         raise FileNotFoundError(f"{corpus}: the corpus the agent searches is missing")
     files = {f"{PLUGIN_ARTIFACT}{i}": str(p) for i, p in enumerate(plugin_files(cfg.plugins))}
     files.update({f"{MCP_ARTIFACT}{i}_{j}": str(p) for (i, j), p in command_files(cfg.env.mcp).items()})
-    # One directory of the resources, under their own names (the tools find them as in training).
-    staging = Path(tempfile.mkdtemp(prefix="agentr1-model-"))
-    resources = staging / RESOURCES_ARTIFACT  # MLflow keeps a directory artifact's own name
-    resources.mkdir()
-    for path in [corpus, *(p for p in resource_files(corpus.parent) if p.name != CORPUS_FILE)]:
-        shutil.copy2(path, resources / (CORPUS_FILE if path == corpus else path.name))
-    files[RESOURCES_ARTIFACT] = str(resources)
     c = client()
     # Created here, not by Model.log: that would file it under the process's "current"
     # experiment rather than the run's.
@@ -686,7 +679,14 @@ def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str 
                                               ColSpec(messages, CHAT_MESSAGES, required=False)]),
                                params=ParamSchema([ParamSpec("temperature", "double", 0.0),
                                                    ParamSpec("seed", "long", 0)]))
-    with _quiet(".*An input example was not provided", logger="mlflow.pyfunc"), _removed_after(staging):
+    with _quiet(".*An input example was not provided", logger="mlflow.pyfunc"), \
+            tempfile.TemporaryDirectory(prefix="agentr1-model-") as staging:
+        # One directory of the resources, under their own names (the tools find them as in training).
+        resources = Path(staging) / RESOURCES_ARTIFACT  # MLflow keeps a directory artifact's own name
+        resources.mkdir()
+        for path in [corpus, *(p for p in resource_files(corpus.parent) if p.name != CORPUS_FILE)]:
+            shutil.copy2(path, resources / (CORPUS_FILE if path == corpus else path.name))
+        files[RESOURCES_ARTIFACT] = str(resources)
         info = mlflow.models.Model.log(
             artifact_path=None, name=name, flavor=mlflow.pyfunc, run_id=run_id, model_id=logged.model_id,
             python_model=str(AGENT_MODEL_CODE),
@@ -694,15 +694,6 @@ def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str 
             model_config=agent_config(cfg), pip_requirements=_requirements(), signature=signature,
         )
     return info.model_uri
-
-
-@contextmanager
-def _removed_after(path: Path) -> Iterator[None]:
-    """A temporary directory of ours, removed however the body ends."""
-    try:
-        yield
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 # -- registry ------------------------------------------------------------------------------------

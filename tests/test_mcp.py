@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from test_agent_model import _free_port
 from test_faults_registry import empty_db, fresh_store  # noqa: F401  (fixtures: a store of this test's own)
 from test_trainer import TINY, data_dir  # noqa: F401  (fixture)
 
@@ -81,14 +82,8 @@ def test_a_server_that_cannot_start_or_lacks_a_tool_is_one_clear_error():
         units_cfg({"name": "both", "command": ["python", SERVER], "url": "http://127.0.0.1:1/mcp"})
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_streamable_http_server_on_localhost():
-    port = free_port()
+    port = _free_port()
     proc = subprocess.Popen([sys.executable, SERVER, "--http", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from agentr1.env.protocol import encodable, excerpt
-from agentr1.env.tools import Tool, ToolDefinitionError, ToolError, ToolOutput
+from agentr1.env.tools import Tool, ToolDefinitionError, ToolError, ToolOutput, valid_tool_name
 from agentr1.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ def _clean_schema(schema: Any) -> Any:
 def tool_schema(server: str, listed: Any) -> dict:
     """The ``{"type": "function", ...}`` schema of a tool a server listed (``mcp`` ``Tool``)."""
     name = listed.name
-    if not name.replace("_", "").replace("-", "").isalnum():
+    if not valid_tool_name(name):
         raise ToolDefinitionError(f"env.mcp {server!r}: tool name {name!r} must be letters, digits, _ or - "
                                   "(the agent's call format names tools so)")
     parameters = _clean_schema(dict(listed.input_schema or {})) or {}
@@ -144,6 +144,7 @@ class _Connection:
 
     async def _hold(self, ready: concurrent.futures.Future) -> None:
         from mcp import ClientSession
+        from mcp_types import PaginatedRequestParams
 
         self.stop = asyncio.Event()
         try:
@@ -151,8 +152,6 @@ class _Connection:
                 await session.initialize()
                 listed, cursor = [], None
                 while True:
-                    from mcp_types import PaginatedRequestParams
-
                     page = await session.list_tools(params=PaginatedRequestParams(cursor=cursor) if cursor else None)
                     listed += page.tools
                     cursor = page.next_cursor

@@ -213,14 +213,8 @@ def _message(err: Exception) -> str:
     return str(err) or getattr(err, "sqlite_errorname", None) or type(err).__name__
 
 
-def db_path_of(data_dir: str | Path) -> Path:
-    """The database of a dataset directory, or of the directory holding ``data_dir`` when it is a
-    file (a served agent's resources: its logged corpus file, the database beside it)."""
-    data_dir = Path(data_dir)
-    return (data_dir if data_dir.is_dir() else data_dir.parent) / DB_FILE
-
-
 def sql_tool(cfg, data_dir: Path) -> SQLTool:
-    """The registered tool factory: the ``sql`` tool over ``data_dir``'s database."""
-    return SQLTool(db_path_of(data_dir), max_chars=cfg.env.max_doc_chars)
+    """The registered tool factory: the ``sql`` tool over the database of ``data_dir`` (the dataset,
+    or a served model's resources: ``registry.build_tools`` always hands a factory a directory)."""
+    return SQLTool(Path(data_dir) / DB_FILE, max_chars=cfg.env.max_doc_chars)
 

@@ -98,7 +98,7 @@ class Tool:
         function.pop("return", None)  # the model sees what to send, not the Python return type
         function["name"] = name or getattr(fn, "name", None) or (
             function["name"] if function["name"] != "__call__" else type(fn).__name__.lower())
-        if not function["name"].replace("_", "").replace("-", "").isalnum():
+        if not valid_tool_name(function["name"]):
             raise ToolDefinitionError(f"tool {label}: name {function['name']!r} must be letters, digits, _ or -")
         # The parser refuses arguments the schema does not name; say so to the model too.
         function["parameters"]["additionalProperties"] = False
@@ -153,6 +153,11 @@ class Tool:
     def _failure(self, err: Exception) -> ToolOutput:
         detail = excerpt(str(err), 120) if isinstance(err, ToolError) else type(err).__name__
         return ToolOutput(f"Error: tool '{self.name}' failed: {detail}")
+
+
+def valid_tool_name(name: str) -> bool:
+    """A tool name is letters, digits, ``_`` or ``-`` (what the agent's call format names)."""
+    return bool(name) and name.replace("_", "").replace("-", "").isalnum()
 
 
 def check_unique(tools: Sequence[Tool]) -> None:
