@@ -54,6 +54,20 @@ def message(exc: BaseException) -> str:
     return f"training stopped: {exc}" if isinstance(exc, TrainingStopped) else str(exc)
 
 
+def interruption(exc: BaseException | None) -> BaseException | None:
+    """The interrupt behind ``exc`` (a KeyboardInterrupt or SystemExit: Ctrl-C, SIGTERM): ``exc``
+    itself, or one it was raised while handling. A library that fails while unwinding a signal
+    must not turn a stop into a bug: Prefect's task engine raises ``ValueError('Task run is not
+    set')`` when SIGTERM lands just as a task starts."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if not isinstance(exc, Exception):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def exit_status(exc: BaseException) -> int | None:
     """The exit status for ``exc`` when it is a :class:`UserError`, else None (a bug)."""
     return exc.exit_status if isinstance(exc, UserError) else None

@@ -172,10 +172,6 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
-def _stop(signum: int, frame) -> None:
-    raise Stopped(signum)
-
-
 def run_flow(args: argparse.Namespace, flow, params):
     """The flow's final state; under ``--json`` everything it prints goes to stderr, so stdout
     carries the JSON document alone.
@@ -184,16 +180,42 @@ def run_flow(args: argparse.Namespace, flow, params):
     of the flow run (its own handler, which hands the signal back to the one it found: this one),
     the MLflow run ends KILLED, every ``finally`` runs, and the process exits through ``atexit``,
     which stops Prefect's temporary server. The default action would end the process on the spot
-    and leave the server running and the flow run Running."""
+    and leave the server running and the flow run Running. A stop is a stop however the flow
+    ended: Prefect can lose the signal on its way out (a task that was starting fails with
+    ``ValueError('Task run is not set')``, and the flow run Failed), so the flow run is then set
+    Crashed here and :class:`Stopped` raised."""
     from cli.console import stdout_to_stderr
 
-    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    received: list[int] = []
+
+    def stop(signum: int, frame) -> None:
+        received.append(signum)
+        raise Stopped(signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         with stdout_to_stderr() if args.json else contextlib.nullcontext():
-            return flow(params, return_state=True)
+            state = flow(params, return_state=True)
+    except Exception as exc:
+        if received:
+            raise Stopped(received[0]) from exc
+        raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if received:
+        if not state.is_crashed():
+            _set_crashed(state.state_details.flow_run_id, signal.Signals(received[0]).name)
+        raise Stopped(received[0])
+    return state
+
+
+def _set_crashed(flow_run_id, signame: str) -> None:
+    from prefect import get_client
+    from prefect.states import Crashed
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(flow_run_id, Crashed(message=f"stopped by {signame}"), force=True)
 
 
 

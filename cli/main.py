@@ -469,6 +469,14 @@ def _dump_stacks_on_usr1() -> None:
         pass
 
 
+def _stopped(stop: KeyboardInterrupt) -> int:
+    """One line for a run stopped by Ctrl-C or a stop signal; the exit status 128 + the signal."""
+    signum = getattr(stop, "signum", signal.SIGINT)
+    print(f"agentr1: stopped by {signal.Signals(signum).name}: the runs it opened were ended (MLflow: KILLED, "
+          "Prefect: Crashed); the same command resumes from the last checkpoint", file=sys.stderr)
+    return 128 + signum
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status (agentr1/errors.py). A refusal a person can act
     on is one line on stderr, ``agentr1: error: ...``; ``agentr1 -v`` adds its traceback."""
@@ -481,13 +489,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP to a flow (cli/flows.py): unwound, resumable
-        signum = getattr(e, "signum", signal.SIGINT)
         if args.traceback:
             raise
-        print(f"agentr1: stopped by {signal.Signals(signum).name}: the runs it opened were ended (MLflow: KILLED, "
-              "Prefect: Crashed); the same command resumes from the last checkpoint", file=sys.stderr)
-        return 128 + signum
+        return _stopped(e)
     except Exception as e:  # noqa: BLE001 - a bug is re-raised with its traceback below
+        stop = errors.interruption(e)  # a library that failed while unwinding the signal
+        if isinstance(stop, KeyboardInterrupt) and not args.traceback:
+            return _stopped(stop)
         status = errors.exit_status(e) if not isinstance(e, FileExistsError) else EXIT_BAD_INPUT
         if status is None or args.traceback:
             raise

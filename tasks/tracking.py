@@ -55,6 +55,7 @@ from mlflow.utils.mlflow_tags import (
     MLFLOW_USER,
 )
 
+from agentr1 import errors
 from agentr1.config import Config, config_hash, flatten
 
 if TYPE_CHECKING:
@@ -290,7 +291,7 @@ def start_run(
             yield run_id
         status = RunStatus.to_string(RunStatus.FINISHED)
     except BaseException as exc:
-        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit, Prefect's TerminationSignal
+        if errors.interruption(exc) is not None:  # Ctrl-C, SIGTERM, Prefect's TerminationSignal, sys.exit
             status = RunStatus.to_string(RunStatus.KILLED)
         raise
     finally:

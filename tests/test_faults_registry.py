@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -81,11 +82,54 @@ def finish(proc: subprocess.Popen, timeout_s: float = CHILD_TIMEOUT_S) -> tuple[
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGUSR1)
         time.sleep(2)
-        proc.kill()
-        out, err = proc.communicate()
+        kill_family(proc)
+        out, err = proc.communicate(timeout=30)
         said = err if err is not None else out  # stderr, or both where stderr went to stdout
         pytest.fail(f"pid {proc.pid} still running after {timeout_s:.0f} s; its stacks and output:\n{said[-6000:]}")
     return proc.returncode, out, err
+
+
+def kill_family(proc: subprocess.Popen) -> None:
+    """SIGKILL to ``proc`` and every process it started (which would keep its pipes open)."""
+    import psutil
+
+    try:
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = []
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.kill()
+
+
+def read_until(proc: subprocess.Popen, marker: str, timeout_s: float = CHILD_TIMEOUT_S) -> list[str]:
+    """The lines of ``proc``'s stdout up to the first holding ``marker``. A child that has not
+    printed it after ``timeout_s`` fails the test with its stacks; one that ended first, with its
+    last lines."""
+    seen: list[str] = []
+    found = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            seen.append(line)
+            if marker in line:
+                found.set()
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if not found.is_set():
+        if proc.poll() is None:  # its stacks come through the reader, then EOF ends it
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            kill_family(proc)
+            reader.join(30)
+        pytest.fail(f"{marker!r} never printed (exit status {proc.returncode}):\n{''.join(seen[-30:])}")
+    return seen
 
 
 def wait_for(paths: list[Path], procs: list[subprocess.Popen]) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_faults_registry import finish
+from test_faults_registry import finish, read_until
 from test_flows import warm_dir as flows_warm  # noqa: F401  (a fixture: the flows' warm-up, on data_dir)
 from test_trainer import TINY, params
 
@@ -419,11 +419,7 @@ def test_sigterm_at_a_stage_ends_the_runs_and_every_child_and_the_rerun_finishes
     out = tmp_path / "run"
     proc = subprocess.Popen(_pipeline_cmd(data_dir, out), cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if STAGES[stage] in line:
-            break
+    seen = read_until(proc, STAGES[stage], timeout_s=300)
     assert proc.poll() is None, "".join(seen[-20:])
     family = psutil.Process(proc.pid).children(recursive=True)
     assert family, "the pipeline started no child process (Prefect's server): the check below would prove nothing"

@@ -160,6 +160,54 @@ def test_the_parent_cannot_be_signalled_away(guarded):
     assert out.observation == "signalled"
 
 
+STOP_DURING_FORK = """
+import os, signal, sys, threading
+from agentr1.env.sandbox import SandboxedTool, SandboxLimits
+from agentr1.env.tools import Tool
+
+def upper(text: str) -> str:
+    \"\"\"Upper case.
+
+    Args:
+        text: The text.
+    \"\"\"
+    return text.upper()
+
+class Stop(Exception):
+    pass
+
+def stop(signum, frame):
+    raise Stop(signum)
+
+signal.signal(signal.SIGTERM, stop)
+# A second thread, so that the kernel may hand the signal to it, as in a real run.
+threading.Thread(target=threading.Event().wait, daemon=True).start()
+def signal_while_forking():  # Python code inside fork(), as logging's at-fork hook is
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(10**6):
+        pass
+
+os.register_at_fork(after_in_parent=signal_while_forking)
+tool = SandboxedTool(Tool.from_callable(upper), SandboxLimits(wall_s=10, cpu_s=5, memory_mb=512, disk_mb=1, output_chars=100))
+try:
+    tool.run_batch([{"text": "a"}])
+    print("not stopped")
+except Stop:
+    print("stopped", "worker", tool._worker.pid is not None)
+finally:
+    tool.close()
+"""
+
+
+def test_a_stop_signal_during_the_workers_fork_is_not_lost():
+    """SIGTERM that lands while fork() runs Python's at-fork hooks reaches the handler after the
+    fork, in the caller's code (raised inside a hook it would be printed and dropped)."""
+    done = subprocess.run([sys.executable, "-c", STOP_DURING_FORK], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT)
+    assert done.stdout.split() == ["stopped", "worker", "True"], done.stdout + done.stderr[-3000:]
+    assert "Exception ignored" not in done.stderr, done.stderr[-3000:]
+
+
 def test_a_batched_tool_keeps_one_request_per_turn():
     class Lengths:
         name = "lengths"

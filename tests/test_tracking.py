@@ -82,6 +82,22 @@ def test_run_ends_finished_or_failed_and_carries_git_commit():
     assert ok.data.tags["agentr1.git_dirty"] in ("true", "false")  # the code's repository, wherever run from
 
 
+def test_a_run_stopped_by_a_signal_ends_killed_even_when_unwinding_it_failed():
+    """Ctrl-C ends a run KILLED; so does an error raised while unwinding one (Prefect's task engine
+    raised ValueError('Task run is not set') when SIGTERM landed as a task started)."""
+    def stopped(masked: bool) -> str:
+        with pytest.raises(BaseException), tr.start_run(EXP, "stopped") as run_id:
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                if masked:
+                    raise ValueError("Task run is not set")  # noqa: B904 - its __context__ is the point
+                raise
+        return _run(run_id).info.status
+
+    assert (stopped(False), stopped(True)) == ("KILLED", "KILLED")
+
+
 def test_git_commit_is_none_outside_a_repo(tmp_path):
     assert tr.git_commit(tmp_path) is None
 

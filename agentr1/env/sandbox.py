@@ -289,6 +289,34 @@ def _callables(obj: Any) -> dict:
 # --------------------------------------------------------------------------- the worker (parent side)
 
 
+def _fork_holding_stop_signals() -> tuple[int, Any, list[int]]:
+    """``os.fork()``, with a stop signal that arrives meanwhile acted on after it, in the parent's
+    own code. Returns the pid, the signal mask to restore in the child (where the stop signals
+    stay blocked, and only noted, until the worker has reset its handlers), and the signals the
+    parent must raise again (:func:`signal.raise_signal`) once it has recorded the child.
+
+    ``fork()`` runs Python's at-fork hooks (logging's lock release); a handler that raises inside
+    one has its exception printed and dropped, so the signal was lost and the run went on (seen:
+    SIGTERM at the warm-up's first tool call, the process still training 15 minutes later).
+    Blocking the signals in this thread is not enough: the kernel hands a process-directed signal
+    to any thread that does not block it, and Python then runs the handler in the main thread at
+    its next chance, which may be inside a hook. So the handlers only note a signal while the
+    fork runs, and it is raised again afterwards, to the handlers that were there."""
+    noted: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in STOP_SIGNALS} if main else {}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    pid = -1
+    try:
+        pid = os.fork()
+    finally:
+        if pid != 0:  # the parent, or a fork that failed
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    return pid, blocked, list(dict.fromkeys(noted))
+
+
 class ToolWorker:
     """One forked worker holding one tool; :meth:`request` sends calls and waits for the answer."""
 
@@ -304,14 +332,7 @@ class ToolWorker:
         parent, child = Pipe(duplex=True)
         sys.stdout.flush()
         sys.stderr.flush()
-        # A stop signal that lands while fork() runs Python's at-fork hooks raises inside a hook,
-        # where the exception is printed and dropped: the signal was lost and the run went on
-        # (seen: SIGTERM at the warm-up's first tool call). Held back over the fork, it is
-        # delivered after it, in the parent's own code.
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        pid = os.fork()
-        if pid != 0:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        pid, blocked, noted = _fork_holding_stop_signals()
         if pid == 0:  # the worker: never returns into the caller's code
             code = 0
             try:
@@ -324,6 +345,8 @@ class ToolWorker:
                 os._exit(code)
         child.close()
         self.pid, self.conn = pid, parent
+        for signum in noted:  # a stop that came during the fork, now that the worker can be stopped too
+            signal.raise_signal(signum)
         try:
             hello = self._receive(self.limits.wall_s + START_SLACK_S, 1)
         except WorkerFailed as err:
@@ -367,10 +390,13 @@ class ToolWorker:
         """Kill the worker (if alive), reap it and remove its scratch directory; its exit status."""
         status = None
         if self.pid is not None:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            # Its session (setsid) holds whatever it started; a worker stopped right after the fork
+            # may not have made that session yet, so it is killed by its pid too.
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(self.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
             try:
                 _, status = os.waitpid(self.pid, 0)
             except ChildProcessError:
