@@ -89,6 +89,7 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("ppo-no-adv-mask", "PPO, no advantage mask", "rl", _rl(advantage_mask=False)),
     Variant("ppo-no-masks", "PPO, no masks", "rl", _rl(loss_mask=False, advantage_mask=False)),
     Variant("ppo-outcome-only", "PPO, outcome reward only", "rl", _rl(process=False)),
+    Variant("ppo-step-gae", "PPO, step-level GAE (each turn one step)", "rl", _rl("step_gae")),
     Variant(VANILLA, "PPO, no masks + outcome only (vanilla)", "rl", _rl(loss_mask=False, advantage_mask=False, process=False)),
     Variant("grpo", "GRPO, loss mask", "rl", _rl("grpo"), grouped=True),
     Variant("grpo-no-loss-mask", "GRPO, no loss mask", "rl", _rl("grpo", loss_mask=False), grouped=True),

@@ -214,10 +214,13 @@ class SFTConfig(_Section):
     expert: ExpertConfig = ExpertConfig()
 
 
-Estimator = Literal["gae", "grpo", "rloo", "reinforce_pp"]
-"""The advantage estimators (``agentr1/rl/core.py``), by their config names."""
+Estimator = Literal["gae", "step_gae", "grpo", "rloo", "reinforce_pp"]
+"""The advantage estimators (``agentr1/rl/core.py``), by their config names: token-level GAE,
+step-level GAE (each turn one step, Agent-R1 v0.1), GRPO, RLOO, REINFORCE++."""
 GROUP_ESTIMATORS = ("grpo", "rloo")
 """Estimators that compare the samples of one question with each other (``ppo.group_size`` > 1)."""
+CRITIC_ESTIMATORS = ("gae", "step_gae")
+"""Estimators that use (and train) the value head; the others are critic-free."""
 KLKind = Literal["k1", "k2", "k3"]
 """Estimators of KL(pi || pi_ref) per token (``agentr1.rl.core.kl_penalty``)."""
 
@@ -235,7 +238,8 @@ class PPOConfig(_Section):
     loss_mask: bool = True
     """Average policy/value loss, KL and entropy over action tokens only."""
     advantage_mask: bool = True
-    """GAE over action tokens only, bridging environment spans."""
+    """GAE over action tokens only, bridging environment spans (``step_gae``: each model turn is
+    a step; without the mask the whole response is one)."""
     clip_eps: float = Field(0.2, gt=0)
     dual_clip_c: float | None = 3.0
     vf_coef: float = 0.5

@@ -67,6 +67,7 @@ def test_variants_differ_only_in_their_switches_and_share_the_budget(tmp_path):
     expected = {
         "ppo": ("gae", True, True, True, 1), "ppo-no-adv-mask": ("gae", True, False, True, 1),
         "ppo-no-masks": ("gae", False, False, True, 1), "ppo-outcome-only": ("gae", True, True, False, 1),
+        "ppo-step-gae": ("step_gae", True, True, True, 1),
         "ppo-vanilla": ("gae", False, False, False, 1), "grpo": ("grpo", True, True, True, 4),
         "grpo-no-loss-mask": ("grpo", False, True, True, 4), "reinforce-pp": ("reinforce_pp", True, True, True, 1),
         "rloo": ("rloo", True, True, True, 4),

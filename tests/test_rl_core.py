@@ -10,6 +10,7 @@ import torch
 from agentr1.rl import (
     EPS,
     compute_gae,
+    compute_step_gae,
     entropy_from_logits,
     explained_variance,
     grpo_advantages,
@@ -25,6 +26,7 @@ from agentr1.rl import (
     policy_loss,
     reinforce_pp_advantages,
     rloo_advantages,
+    turn_ids,
     value_loss,
 )
 
@@ -165,14 +167,37 @@ def reference_gae(rewards, values, mask, gamma, lam):
     return adv, ret
 
 
+def reference_step_gae(rewards, values, mask, gamma, lam):
+    """Per row: the list of turns (runs of the mask), then plain GAE over them."""
+    adv = torch.zeros_like(rewards, dtype=torch.float64)
+    ret = torch.zeros_like(adv)
+    for b in range(rewards.shape[0]):
+        turns, prev = [], False
+        for i in range(rewards.shape[1]):
+            if mask[b, i] != 0:
+                if not prev:
+                    turns.append([])
+                turns[-1].append(i)
+            prev = mask[b, i] != 0
+        next_v, next_a = 0.0, 0.0
+        for turn in reversed(turns):
+            v = float(values[b, turn[0]])
+            next_a = sum(float(rewards[b, i]) for i in turn) + gamma * next_v - v + gamma * lam * next_a
+            next_v = v
+            adv[b, turn], ret[b, turn] = next_a, next_a + v
+    return adv, ret
+
+
 @pytest.mark.parametrize("gamma,lam", GAMMA_LAM)
-def test_gae_matches_reference_loop(gamma, lam):
+@pytest.mark.parametrize("estimator", ["token", "step"])
+def test_gae_matches_reference_loop(gamma, lam, estimator):
+    fast, slow = {"token": (compute_gae, reference_gae), "step": (compute_step_gae, reference_step_gae)}[estimator]
     gen = torch.Generator().manual_seed(int(gamma * 100 + lam * 10))
     mask = random_agent_mask(gen, 8, 23)
     rewards = torch.where(mask.bool(), torch.randn(8, 23, generator=gen), torch.zeros(8, 23))
     values = torch.randn(8, 23, generator=gen)
-    adv, ret = compute_gae(rewards, values, mask, gamma, lam)
-    ref_adv, ref_ret = reference_gae(rewards, values, mask, gamma, lam)
+    adv, ret = fast(rewards, values, mask, gamma, lam)
+    ref_adv, ref_ret = slow(rewards, values, mask, gamma, lam)
     assert close(adv, ref_adv, 1e-4) and close(ret, ref_ret, 1e-4)
     assert torch.all(adv[mask == 0] == 0) and torch.all(ret[mask == 0] == 0)
 
@@ -199,6 +224,39 @@ def test_truncated_episode_outcome_reaches_first_action_token():
     # Discounting counts action tokens only: index 6 is 4 masked-in steps after index 0.
     adv, _ = compute_gae(rewards, zero_v, action_mask, gamma=0.9, lam=1.0)
     assert close(adv[0, 0], 0.5 * 0.9**4)
+
+
+# --------------------------------------------------------------------------- step-level GAE
+
+
+def test_turn_ids_number_the_runs_of_the_mask():
+    assert turn_ids(t([1, 1, 0, 1, 0, 0, 1, 1], [0, 1, 1, 0, 0, 0, 0, 0])).tolist() == [
+        [0, 0, -1, 1, -1, -1, 2, 2], [-1, 0, 0, -1, -1, -1, -1, -1]]
+
+
+def test_step_gae_hand_computed():
+    # Two turns (tokens 0-1, 4-6) around an env span. Turn rewards: 0.1 + 0.2 = 0.3 (the 9.0 sits
+    # on an env token: ignored) and 1.0; values at the turns' first tokens: V0 = 0.5, V1 = 0.4
+    # (the 7.0 and 8.0 inside turns are not step values).
+    rewards = t([0.1, 0.2, 9.0, 0.0, 0.0, 0.0, 1.0])
+    values = t([0.5, 7.0, 3.0, 3.0, 0.4, 8.0, 8.0])
+    mask = t([1, 1, 0, 0, 1, 1, 1])
+    # gamma=0.9, lam=0.8: A1 = 1.0 - 0.4 = 0.6; A0 = 0.3 + 0.9*0.4 - 0.5 + 0.72*0.6 = 0.592
+    adv, ret = compute_step_gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    assert close(adv, [[0.592, 0.592, 0.0, 0.0, 0.6, 0.6, 0.6]])
+    assert close(ret, [[1.092, 1.092, 0.0, 0.0, 1.0, 1.0, 1.0]])
+    # Without the advantage mask the response is one step: A = 0.3 + 9.0 + 1.0 - 0.5.
+    adv, _ = compute_step_gae(rewards, values, torch.ones(1, 7), gamma=0.9, lam=0.8)
+    assert close(adv, [[9.8] * 7])
+
+
+def test_step_gae_whitens_over_turns_not_tokens():
+    # Turn advantages 1.0 (one token) and -1.0 (three tokens): over turns the mean is 0, so
+    # whitening keeps their signs and sizes equal; over tokens the long turn would pull the mean.
+    rewards, values, mask = t([1.0, 0.0, 0.0, 0.0, -1.0]), torch.zeros(1, 5), t([1, 0, 1, 1, 1])
+    adv, _ = compute_step_gae(rewards, values, mask, gamma=1.0, lam=0.0, whiten=True)
+    scale = 1.0 / math.sqrt(2.0 + EPS)
+    assert close(adv, [[scale, 0.0, -scale, -scale, -scale]], 1e-4)
 
 
 # --------------------------------------------------------------------------- critic-free estimators
@@ -311,11 +369,14 @@ def test_explained_variance():
 
 def _all_results(rewards, values, logp, old_logp, ref_logp, adv_in, mask):
     adv, ret = compute_gae(rewards, values, mask, 0.95, 0.9)
+    step_adv, step_ret = compute_step_gae(rewards, values, mask, 0.95, 0.9, whiten=True)
     pl, pm = policy_loss(logp, old_logp, adv_in, mask, dual_clip_c=3.0)
     vl, vm = value_loss(values, old_logp, ret, mask)
     return {
         "adv": adv,
         "ret": ret,
+        "step_adv": step_adv,
+        "step_ret": step_ret,
         "whiten": masked_whiten(values, mask),
         "rpp": reinforce_pp_advantages(rewards, mask, 0.9),
         "grpo": grpo_advantages(torch.arange(6.0) % 2, torch.arange(6) // 2, mask),
@@ -387,6 +448,7 @@ def test_all_masked_estimators_are_zero():
     mask = torch.zeros(2, 3)
     rewards = torch.ones(2, 3)
     assert torch.count_nonzero(compute_gae(rewards, rewards, mask, 1.0, 1.0)[0]) == 0
+    assert all(torch.count_nonzero(x) == 0 for x in compute_step_gae(rewards, rewards, mask, 1.0, 1.0, whiten=True))
     assert torch.count_nonzero(reinforce_pp_advantages(rewards, mask, 1.0)) == 0
     assert torch.count_nonzero(grpo_advantages(torch.tensor([0.0, 1.0]), torch.tensor([0, 0]), mask)) == 0
     assert masked_whiten(rewards, mask).abs().sum() == 0 and EPS > 0

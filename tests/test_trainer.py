@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -106,6 +107,17 @@ def test_critic_free_estimators_run_with_the_masks_off(data_dir, tmp_path, estim
     warmup(cfg, ws)
     _, _, _, hist = train_ppo(cfg, ws)
     assert hist and all(torch.isfinite(torch.tensor(v)) for v in hist[0].values())
+
+
+@pytest.mark.slow
+def test_step_level_gae_trains_the_policy_and_the_value_head(data_dir, tmp_path):
+    cfg = tiny_config(data_dir, tmp_path, "ppo.estimator=step_gae", "ppo.iterations=1")
+    ws = Workspace.build(cfg)
+    warmup(cfg, ws)
+    _, _, _, hist = train_ppo(cfg, ws)
+    assert all(math.isfinite(v) for v in hist[0].values())
+    assert hist[0]["critic/vf_loss"] > 0 and "critic/explained_variance" in hist[0]
+    assert hist[0]["critic/advantages_abs"] > 0
 
 
 def test_expert_plays_only_the_demonstrations_the_warm_up_reads():

@@ -3,6 +3,7 @@
 from agentr1.rl.core import (
     EPS,
     compute_gae,
+    compute_step_gae,
     entropy_from_logits,
     explained_variance,
     grpo_advantages,
@@ -18,12 +19,14 @@ from agentr1.rl.core import (
     policy_loss,
     reinforce_pp_advantages,
     rloo_advantages,
+    turn_ids,
     value_loss,
 )
 
 __all__ = [
     "EPS",
     "compute_gae",
+    "compute_step_gae",
     "entropy_from_logits",
     "explained_variance",
     "grpo_advantages",
@@ -39,5 +42,6 @@ __all__ = [
     "policy_loss",
     "reinforce_pp_advantages",
     "rloo_advantages",
+    "turn_ids",
     "value_loss",
 ]

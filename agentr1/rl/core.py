@@ -232,6 +232,63 @@ def compute_gae(
     return advantages, _keep(advantages + vals, on)
 
 
+def turn_ids(mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) -> (B, T) long: which turn of its row each masked-in position belongs to (0, 1, ...;
+    a turn is a maximal run of masked-in positions), -1 outside the mask."""
+    on = _as_bool(mask)
+    before = torch.zeros_like(on)
+    before[:, 1:] = on[:, :-1]
+    starts = on & ~before
+    return torch.where(on, starts.long().cumsum(dim=-1) - 1, -1)
+
+
+@torch.no_grad()
+def compute_step_gae(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    whiten: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step-level GAE (Agent-R1 v0.1): each turn is one step -> (advantages, returns), (B, T).
+
+    A turn is a maximal run of masked-in positions (with the action mask, one model turn). Its
+    reward is the sum of its tokens' rewards, its value the value at its first token (the state
+    before the turn is written); GAE runs over the turns of each row, the last bootstrapping
+    from 0, and every token of turn k gets A_k and the return A_k + V_k. Discounting counts
+    turns, not tokens. ``whiten`` whitens over the batch's turns, each counted once however long
+    (as Agent-R1 does; token-level whitening would weight long turns more). With a mask that
+    covers the whole response (no advantage mask) the response is one step.
+    Rewards on masked-out positions are ignored, as in :func:`compute_gae`."""
+    _check_shapes("compute_step_gae", token_rewards=token_rewards, values=values, mask=mask)
+    turn = turn_ids(mask)
+    on = turn >= 0
+    if not bool(on.any()):
+        zeros = torch.zeros(turn.shape, dtype=torch.float32, device=turn.device)
+        return zeros, zeros.clone()
+    n_rows, n_turns = turn.shape[0], int(turn.max()) + 1
+    slot = turn.clamp_min(0)  # off-mask positions add 0 to turn 0 and are masked out at the end
+    per_turn = lambda x: torch.zeros(n_rows, n_turns, dtype=torch.float32,  # noqa: E731
+                                     device=turn.device).scatter_add_(1, slot, x)
+    rewards = per_turn(_keep(token_rewards.float(), on))
+    starts = on & (torch.nn.functional.pad(turn, (1, 0), value=-1)[:, :-1] != turn)
+    vals = per_turn(_keep(values.float(), starts))
+    present = per_turn(on.float()) > 0
+    next_value = rewards.new_zeros(n_rows)
+    next_adv = rewards.new_zeros(n_rows)
+    columns = []
+    for k in reversed(range(n_turns)):  # a row's missing turns come after its last: they stay 0
+        adv_k = _keep(rewards[:, k] + gamma * next_value - vals[:, k] + gamma * lam * next_adv, present[:, k])
+        next_value, next_adv = vals[:, k], adv_k
+        columns.append(adv_k)
+    step_adv = torch.stack(columns[::-1], dim=1)
+    step_ret = _keep(step_adv + vals, present)
+    if whiten:
+        step_adv = masked_whiten(step_adv, present)
+    return _keep(step_adv.gather(1, slot), on), _keep(step_ret.gather(1, slot), on)
+
+
 def _group_stats(
     scores: torch.Tensor, group_ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
-from agentr1.config import Estimator
+from agentr1.config import CRITIC_ESTIMATORS, Estimator
 from agentr1.rl.core import (
     compute_gae,
+    compute_step_gae,
     entropy_from_logits,
     explained_variance,
     grpo_advantages,
@@ -155,6 +156,8 @@ def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper,
         adv, returns = compute_gae(token_rewards, old_values, adv_mask, hp.gamma, hp.lam)
         if hp.whiten_advantages:
             adv = masked_whiten(adv, adv_mask)
+    elif hp.estimator == "step_gae":
+        adv, returns = compute_step_gae(token_rewards, old_values, adv_mask, hp.gamma, hp.lam, hp.whiten_advantages)
     elif hp.estimator == "grpo":
         adv = grpo_advantages(batch.scores, batch.group_ids, adv_mask)
     elif hp.estimator == "rloo":
@@ -172,7 +175,7 @@ def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper,
         "critic/returns_mean": float(masked_mean(returns, adv_mask)),
         "critic/advantages_abs": float(masked_mean(adv.abs(), adv_mask)),
     }
-    if hp.estimator == "gae":
+    if hp.estimator in CRITIC_ESTIMATORS:
         metrics["critic/explained_variance"] = float(explained_variance(old_values, returns, adv_mask))
     return Scored(old_logp, ref_logp, old_values, adv, returns, token_rewards, trunk), metrics
 
@@ -200,7 +203,7 @@ def minibatch_loss(net, batch: RolloutBatch, scored: Scored, hp: PPOHyper, rows:
     if not hp.kl_in_reward:
         loss = loss + hp.kl_coef * kl
     vf_m: dict[str, float] = {}
-    if hp.estimator == "gae":  # critic-free estimators leave the value head alone
+    if hp.estimator in CRITIC_ESTIMATORS:  # critic-free estimators leave the value head alone
         vf, vf_m = value_loss(values, cut(scored.old_values), cut(scored.returns), mask, hp.vf_clip)
         loss = loss + hp.vf_coef * vf
     return loss, [pg_m["pg_loss"], pg_m["pg_clipfrac"], pg_m["ppo_kl"], float(kl.detach()),
