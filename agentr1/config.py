@@ -240,6 +240,10 @@ class PPOConfig(_Section):
     advantage_mask: bool = True
     """GAE over action tokens only, bridging environment spans (``step_gae``: each model turn is
     a step; without the mask the whole response is one)."""
+    loss_weighting: Literal["token", "trajectory"] = "token"
+    """How the policy and value losses, KL and entropy average over a minibatch's (loss-masked)
+    tokens: ``token``, every token the same (a long episode weighs more), or ``trajectory``, every
+    episode the same whatever its length (Agent-R1 v0.1)."""
     clip_eps: float = Field(0.2, gt=0)
     dual_clip_c: float | None = 3.0
     vf_coef: float = 0.5

@@ -23,8 +23,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {  # config overrides of each update checked: a critic with global whitening, and GRPO groups
+    # with every trajectory weighing the same (each process's share counts rows, not tokens)
     "gae": ["ppo.estimator=gae", "ppo.whiten_advantages=true"],
-    "grpo": ["ppo.estimator=grpo", "ppo.group_size=2", "ppo.episodes_per_iter=10"],
+    "grpo": ["ppo.estimator=grpo", "ppo.group_size=2", "ppo.episodes_per_iter=10", "ppo.loss_weighting=trajectory"],
 }
 COMMON = ["ppo.epochs=2", "ppo.minibatch_size=3", "ppo.max_grad_norm=1e6", "ppo.kl_coef=0.05",
           "ppo.entropy_coef=0.01"]

@@ -16,6 +16,7 @@ from agentr1.rl import (
     grpo_advantages,
     kl_penalty,
     last_index,
+    loss_mean,
     logprobs_from_logits,
     masked_mean,
     masked_sum,
@@ -72,6 +73,19 @@ def test_masked_mean_sum_hand_values():
     assert close(masked_mean(x, mask, dim=1), [1.5, 3.0])
     assert close(masked_mean(x, mask, dim=0), [2.0, 2.0])
     assert close(masked_mean(x, t([1, 1], [0, 0]), dim=1), [1.5, 0.0])  # empty row -> 0, not nan
+
+
+def test_loss_mean_by_token_or_by_trajectory():
+    x = t([1.0, 1.0, 1.0, 0.0], [4.0, 9.0, 9.0, 9.0], [5.0, 5.0, 5.0, 5.0])
+    mask = t([1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0])  # the last row counts for nothing
+    assert close(loss_mean(x, mask), 7.0 / 4.0)  # the long row weighs 3 tokens' worth
+    assert close(loss_mean(x, mask, per_trajectory=True), (1.0 + 4.0) / 2.0)
+    assert loss_mean(x, torch.zeros(3, 4), per_trajectory=True).item() == 0.0
+    # Through the policy loss: ratio 1, so each token's loss is -A.
+    adv = t([1.0, 1.0, 1.0, 0.0], [-2.0, 0.0, 0.0, 0.0], [0.0] * 4)
+    zeros = torch.zeros(3, 4)
+    assert close(policy_loss(zeros, zeros, adv, mask)[0], (-3.0 + 2.0) / 4.0)
+    assert close(policy_loss(zeros, zeros, adv, mask, per_trajectory=True)[0], (-1.0 + 2.0) / 2.0)
 
 
 def test_masked_var_and_whiten_hand_values():
@@ -383,6 +397,7 @@ def _all_results(rewards, values, logp, old_logp, ref_logp, adv_in, mask):
         "pl": pl,
         "vl": vl,
         "kl": masked_mean(kl_penalty(logp, ref_logp, "k3"), mask),
+        "kl_per_trajectory": loss_mean(kl_penalty(logp, ref_logp, "k3"), mask, per_trajectory=True),
         "ev": torch.tensor(explained_variance(values, ret, mask)),
         **{k: torch.tensor(v) for k, v in {**pm, **vm}.items()},
     }

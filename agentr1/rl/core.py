@@ -75,6 +75,16 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return masked_sum(x, mask, dim) / count.clamp_min(EPS)
 
 
+def loss_mean(x: torch.Tensor, mask: torch.Tensor, per_trajectory: bool = False) -> torch.Tensor:
+    """How a loss is averaged over its masked-in tokens: the token mean over the whole batch
+    (a long trajectory weighs more), or with ``per_trajectory`` the mean over rows of each row's
+    token mean, so that every trajectory weighs the same whatever its length (Agent-R1 v0.1;
+    verl's ``seq-mean-token-mean``). Rows with nothing masked in do not count; all masked: 0."""
+    if not per_trajectory:
+        return masked_mean(x, mask)
+    return masked_mean(masked_mean(x, mask, dim=-1), _as_bool(mask).any(dim=-1))
+
+
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
     """Variance of x over all masked-in positions (scalar). 0 when fewer than two are counted."""
     mean = masked_mean(x, mask)
@@ -374,8 +384,9 @@ def policy_loss(
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
     dual_clip_c: float | None = None,
+    per_trajectory: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO clipped surrogate, token mean over the mask: (B, T) x4 -> (scalar loss, metrics).
+    """PPO clipped surrogate, mean over the mask (:func:`loss_mean`): (B, T) x4 -> (scalar loss, metrics).
 
     ``ratio = exp(logp - old_logp)`` is clipped to ``[1 - clip_eps, 1 + clip_eps_high]``
     (``clip_eps_high`` defaults to ``clip_eps``; a larger one is DAPO's clip-higher).
@@ -383,7 +394,8 @@ def policy_loss(
     ``-c * A`` so a huge ratio on a bad token cannot dominate (Ye et al. 2020).
 
     Metrics: ``pg_loss``, ``pg_clipfrac`` (fraction of tokens where the clipped branch is
-    taken), ``ppo_kl`` (mean of old_logp - logp, an estimate of KL(old || new)).
+    taken), ``ppo_kl`` (mean of old_logp - logp, an estimate of KL(old || new)), each averaged
+    as the loss is.
 
     An all-zero mask gives loss exactly 0.0 with zero gradients; the trainer should still
     skip the optimizer step, since Adam's momentum from earlier steps would move weights.
@@ -400,11 +412,11 @@ def policy_loss(
     losses = torch.maximum(unclipped, clipped)
     if dual_clip_c is not None:
         losses = torch.where(adv < 0, torch.minimum(losses, -dual_clip_c * adv), losses)
-    loss = masked_mean(losses, mask)
+    loss = loss_mean(losses, mask, per_trajectory)
     metrics = {
         "pg_loss": loss.item(),
-        "pg_clipfrac": masked_mean((clipped > unclipped).float(), mask).item(),
-        "ppo_kl": masked_mean(-log_ratio, mask).item(),
+        "pg_clipfrac": loss_mean((clipped > unclipped).float(), mask, per_trajectory).item(),
+        "ppo_kl": loss_mean(-log_ratio, mask, per_trajectory).item(),
     }
     return loss, metrics
 
@@ -415,8 +427,10 @@ def value_loss(
     returns: torch.Tensor,
     mask: torch.Tensor,
     clip_eps: float = 0.2,
+    per_trajectory: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped value loss ``0.5 * max((v - R)^2, (clip(v) - R)^2)``, masked mean -> (loss, metrics).
+    """Clipped value loss ``0.5 * max((v - R)^2, (clip(v) - R)^2)``, masked mean (:func:`loss_mean`)
+    -> (loss, metrics).
 
     ``clip(v) = old_v + clamp(v - old_v, -clip_eps, clip_eps)``. Metrics: ``vf_loss``,
     ``vf_clipfrac`` (fraction of tokens where the clipped branch is the larger). All masked:
@@ -429,10 +443,10 @@ def value_loss(
     v_clipped = old + (v - old).clamp(-clip_eps, clip_eps)
     unclipped = (v - target) ** 2
     clipped = (v_clipped - target) ** 2
-    loss = 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)
+    loss = 0.5 * loss_mean(torch.maximum(unclipped, clipped), mask, per_trajectory)
     metrics = {
         "vf_loss": loss.item(),
-        "vf_clipfrac": masked_mean((clipped > unclipped).float(), mask).item(),
+        "vf_clipfrac": loss_mean((clipped > unclipped).float(), mask, per_trajectory).item(),
     }
     return loss, metrics
 

@@ -31,6 +31,7 @@ from agentr1.rl.core import (
     grpo_advantages,
     kl_penalty,
     logprobs_from_logits,
+    loss_mean,
     masked_mean,
     masked_whiten,
     policy_loss,
@@ -51,6 +52,7 @@ class PPOHyper:
     estimator: Estimator
     loss_mask: bool
     advantage_mask: bool
+    loss_weighting: str
     epochs: int
     minibatch_size: int
     clip_eps: float
@@ -182,32 +184,43 @@ def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper,
 
 STEP_METRICS = ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/kl_loss", "actor/entropy",
                 "critic/vf_loss", "critic/vf_clipfrac")
-"""What each minibatch step reports (token means over the minibatch), in this order."""
+"""What each minibatch step reports (means over the minibatch, weighted as ``ppo.loss_weighting``
+says), in this order."""
 
 
 def minibatch_loss(net, batch: RolloutBatch, scored: Scored, hp: PPOHyper, rows: list[int], L: int,
                    loss_mask: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
-    """The PPO loss of ``rows`` cut to length ``L`` (a token mean over ``loss_mask``, which must
-    have a token there) and its :data:`STEP_METRICS`."""
+    """The PPO loss of ``rows`` cut to length ``L`` (a mean over ``loss_mask``, which must have a
+    token there, by token or by trajectory) and its :data:`STEP_METRICS`."""
     idx = torch.tensor(rows)
     mask = loss_mask[idx, : L - 1]
     cut = lambda x: x[idx, : L - 1]  # noqa: E731 - per-token tensors of these rows
     trunk = None if scored.trunk is None else scored.trunk[idx, :L]
     logp, values, ent = forward_tokens(net, batch.input_ids[idx, :L], batch.attention_mask[idx, :L],
                                        hp.temperature, with_entropy=True, positions=mask, trunk=trunk)
+    per_trajectory = hp.loss_weighting == "trajectory"
     pg, pg_m = policy_loss(logp, cut(scored.old_logp), cut(scored.advantages), mask,
-                           hp.clip_eps, None, hp.dual_clip_c)
-    kl = masked_mean(kl_penalty(logp, cut(scored.ref_logp), hp.kl_kind, hp.kl_clamp), mask)
-    entropy = masked_mean(ent, mask)
+                           hp.clip_eps, None, hp.dual_clip_c, per_trajectory)
+    kl = loss_mean(kl_penalty(logp, cut(scored.ref_logp), hp.kl_kind, hp.kl_clamp), mask, per_trajectory)
+    entropy = loss_mean(ent, mask, per_trajectory)
     loss = pg - hp.entropy_coef * entropy
     if not hp.kl_in_reward:
         loss = loss + hp.kl_coef * kl
     vf_m: dict[str, float] = {}
     if hp.estimator in CRITIC_ESTIMATORS:  # critic-free estimators leave the value head alone
-        vf, vf_m = value_loss(values, cut(scored.old_values), cut(scored.returns), mask, hp.vf_clip)
+        vf, vf_m = value_loss(values, cut(scored.old_values), cut(scored.returns), mask, hp.vf_clip, per_trajectory)
         loss = loss + hp.vf_coef * vf
     return loss, [pg_m["pg_loss"], pg_m["pg_clipfrac"], pg_m["ppo_kl"], float(kl.detach()),
                   float(entropy.detach()), vf_m.get("vf_loss", 0.0), vf_m.get("vf_clipfrac", 0.0)]
+
+
+def _loss_weight(loss_mask: torch.Tensor, rows: list[int], L: int, hp: PPOHyper) -> float:
+    """What the loss of ``rows`` averages over: its loss-masked tokens, or (``loss_weighting:
+    trajectory``) its rows that have one."""
+    counted = loss_mask[torch.tensor(rows), : L - 1]
+    if hp.loss_weighting == "trajectory":
+        return float(counted.bool().any(dim=-1).sum())
+    return float(counted.sum())
 
 
 def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Scored, hp: PPOHyper,
@@ -217,9 +230,9 @@ def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Score
     counts it in ``actor/skipped_steps`` and stops the run after too many in a row).
 
     With several processes (each holding the whole batch, the same ``generator`` state) the
-    minibatches are the same; each process takes rows ``mb[rank::world]`` and weighs its token
-    mean by its share of the minibatch's tokens, so the summed gradients, the loss and the metrics
-    are the token means over the whole minibatch, as on one process.
+    minibatches are the same; each process takes rows ``mb[rank::world]`` and weighs its mean by
+    its share of the minibatch's tokens (or trajectories, :func:`_loss_weight`), so the summed
+    gradients, the loss and the metrics are the means over the whole minibatch, as on one process.
     """
     net = _network(model, accelerator)
     parallel = _parallel(accelerator)
@@ -233,7 +246,7 @@ def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Score
         # batch's longest episode wasted about a third of the update's compute.
         for mb in length_bucketed_batches(lengths, hp.minibatch_size, generator, bucket=len(lengths)):
             L = max(lengths[i] for i in mb)
-            n_tokens = float(loss_mask_full[torch.tensor(mb), : L - 1].sum())
+            n_tokens = _loss_weight(loss_mask_full, mb, L, hp)
             if n_tokens == 0:  # nothing to learn from: an optimizer step would only decay weights
                 continue
             mine = mb[accelerator.process_index::accelerator.num_processes] if parallel else mb
@@ -241,7 +254,7 @@ def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Score
                 share, step_v = None, [0.0] * (1 + len(STEP_METRICS))
                 if mine:
                     L_mine = max(lengths[i] for i in mine)
-                    n_mine = float(loss_mask_full[torch.tensor(mine), : L_mine - 1].sum())
+                    n_mine = _loss_weight(loss_mask_full, mine, L_mine, hp)
                     if n_mine:
                         weight = n_mine / n_tokens  # exactly 1.0 on one process: nothing changes there
                         loss, values = minibatch_loss(net, batch, scored, hp, mine, L_mine, loss_mask_full)
