@@ -93,6 +93,7 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant(VANILLA, "PPO, no masks + outcome only (vanilla)", "rl", _rl(loss_mask=False, advantage_mask=False, process=False)),
     Variant("grpo", "GRPO, loss mask", "rl", _rl("grpo"), grouped=True),
     Variant("grpo-no-loss-mask", "GRPO, no loss mask", "rl", _rl("grpo", loss_mask=False), grouped=True),
+    Variant("gigpo", "GiGPO (GRPO + turn-level credit)", "rl", _rl("gigpo"), grouped=True),
     Variant("reinforce-pp", "REINFORCE++", "rl", _rl("reinforce_pp")),
     Variant("rloo", "RLOO", "rl", _rl("rloo"), grouped=True),
     Variant("base-tool-call", "base tool call (warm-up, no RL)", "base"),

@@ -214,10 +214,11 @@ class SFTConfig(_Section):
     expert: ExpertConfig = ExpertConfig()
 
 
-Estimator = Literal["gae", "step_gae", "grpo", "rloo", "reinforce_pp"]
+Estimator = Literal["gae", "step_gae", "grpo", "gigpo", "rloo", "reinforce_pp"]
 """The advantage estimators (``agentr1/rl/core.py``), by their config names: token-level GAE,
-step-level GAE (each turn one step, Agent-R1 v0.1), GRPO, RLOO, REINFORCE++."""
-GROUP_ESTIMATORS = ("grpo", "rloo")
+step-level GAE (each turn one step, Agent-R1 v0.1), GRPO, GiGPO (GRPO plus turn-level credit
+among turns that start from the same state), RLOO, REINFORCE++."""
+GROUP_ESTIMATORS = ("grpo", "gigpo", "rloo")
 """Estimators that compare the samples of one question with each other (``ppo.group_size`` > 1)."""
 CRITIC_ESTIMATORS = ("gae", "step_gae")
 """Estimators that use (and train) the value head; the others are critic-free."""
@@ -240,6 +241,8 @@ class PPOConfig(_Section):
     advantage_mask: bool = True
     """GAE over action tokens only, bridging environment spans (``step_gae``: each model turn is
     a step; without the mask the whole response is one)."""
+    gigpo_step_weight: float = Field(1.0, ge=0)
+    """GiGPO: the weight of the turn-level advantage added to the episode's (0: GRPO)."""
     loss_weighting: Literal["token", "trajectory"] = "token"
     """How the policy and value losses, KL and entropy average over a minibatch's (loss-masked)
     tokens: ``token``, every token the same (a long episode weighs more), or ``trajectory``, every

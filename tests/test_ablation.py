@@ -70,7 +70,7 @@ def test_variants_differ_only_in_their_switches_and_share_the_budget(tmp_path):
         "ppo-step-gae": ("step_gae", True, True, True, 1),
         "ppo-vanilla": ("gae", False, False, False, 1), "grpo": ("grpo", True, True, True, 4),
         "grpo-no-loss-mask": ("grpo", False, True, True, 4), "reinforce-pp": ("reinforce_pp", True, True, True, 1),
-        "rloo": ("rloo", True, True, True, 4),
+        "rloo": ("rloo", True, True, True, 4), "gigpo": ("gigpo", True, True, True, 4),
     }
     for name, want in expected.items():
         assert switches(by[name, 0]) == switches(by[name, 1]) == want, name

@@ -9,10 +9,12 @@ import torch
 
 from agentr1.rl import (
     EPS,
+    anchor_states,
     compute_gae,
     compute_step_gae,
     entropy_from_logits,
     explained_variance,
+    gigpo_advantages,
     grpo_advantages,
     kl_penalty,
     last_index,
@@ -276,6 +278,42 @@ def test_step_gae_whitens_over_turns_not_tokens():
 # --------------------------------------------------------------------------- critic-free estimators
 
 
+def test_anchor_states_are_equal_exactly_when_the_tokens_before_the_turn_are():
+    # Tokens: prompt 7 7, turn 0 (tokens 2-3), a tool answer (4-5), turn 1 (token 6); mask
+    # position t stands for token t + 1.
+    ids = torch.tensor([[7, 7, 1, 1, 9, 9, 3], [7, 7, 1, 1, 9, 9, 4], [7, 7, 2, 1, 9, 9, 3]])
+    mask = t([1, 1, 0, 0, 1, 0], [1, 1, 0, 0, 1, 0], [1, 1, 0, 0, 1, 0])
+    states = anchor_states(ids, mask)
+    assert states[:, 0].unique().numel() == 1  # every turn 0 starts from the prompt
+    assert states[0, 1] == states[1, 1] != states[2, 1]  # row 2 wrote another first turn
+    assert anchor_states(ids, mask[:, :2]).shape == (3, 1)
+
+
+def test_gigpo_hand_values():
+    # Two episodes of one question, two turns each (tokens 0-1 and 4); both start from the same
+    # state, their second turns from different ones. Turn rewards: 0.2 and 1.0 (score 1.2), 0 and 0.
+    mask = t([1, 1, 0, 0, 1], [1, 1, 0, 0, 1])
+    rewards = t([0.0, 0.2, 0.0, 0.0, 1.0], [0.0] * 5)
+    states = torch.tensor([[0, 1], [0, 2]])
+    scores, groups = torch.tensor([1.2, 0.0]), torch.tensor([0, 0])
+    # Episode: (1.2 - 0.6) / std([1.2, 0]) = +-0.7071. Step, turn 0: the returns from the shared
+    # state are 1.2 and 0, so +-0.7071 too; turn 1: alone in its state, 0.
+    adv = gigpo_advantages(rewards, mask, scores, groups, states, gamma=1.0)
+    e = 0.6 / math.sqrt(0.72 + 0.0)
+    assert close(adv, [[2 * e, 2 * e, 0.0, 0.0, e], [-2 * e, -2 * e, 0.0, 0.0, -e]], 1e-4)
+    # step_weight 0 is GRPO
+    assert close(gigpo_advantages(rewards, mask, scores, groups, states, 1.0, step_weight=0.0),
+                 grpo_advantages(scores, groups, mask), 1e-6)
+    # gamma counts turns: a third episode from the same first state, rewarded at its first turn;
+    # from turn 0 the returns are 0.2 + 0.5 * 1.0, 0 and 0.5.
+    mask3, states3 = torch.cat([mask, mask[:1]]), torch.tensor([[0, 1], [0, 2], [0, 3]])
+    rewards3 = torch.cat([rewards, t([0.0, 0.5, 0.0, 0.0, 0.0])])
+    scores3, groups3 = torch.tensor([1.2, 0.0, 0.5]), torch.tensor([0, 0, 0])
+    step = gigpo_advantages(rewards3, mask3, scores3, groups3, states3, 0.5) - grpo_advantages(scores3, groups3, mask3)
+    from_first = torch.tensor([0.7, 0.0, 0.5])
+    assert close(step[:, 0], (from_first - from_first.mean()) / (from_first.std() + EPS), 1e-4)
+
+
 def test_grpo_hand_values():
     scores = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5, 1.0, 0.0, 0.0])
     groups = torch.tensor([7, 7, 3, 3, 9, 4, 4, 4])  # non-contiguous ids on purpose
@@ -394,6 +432,8 @@ def _all_results(rewards, values, logp, old_logp, ref_logp, adv_in, mask):
         "whiten": masked_whiten(values, mask),
         "rpp": reinforce_pp_advantages(rewards, mask, 0.9),
         "grpo": grpo_advantages(torch.arange(6.0) % 2, torch.arange(6) // 2, mask),
+        "gigpo": gigpo_advantages(rewards, mask, torch.arange(6.0) % 2, torch.arange(6) // 2,
+                                  torch.zeros(6, int(turn_ids(mask).max()) + 1, dtype=torch.long), 0.9),
         "pl": pl,
         "vl": vl,
         "kl": masked_mean(kl_penalty(logp, ref_logp, "k3"), mask),

@@ -110,14 +110,17 @@ def test_critic_free_estimators_run_with_the_masks_off(data_dir, tmp_path, estim
 
 
 @pytest.mark.slow
-def test_step_level_gae_trains_the_policy_and_the_value_head(data_dir, tmp_path):
-    cfg = tiny_config(data_dir, tmp_path, "ppo.estimator=step_gae", "ppo.iterations=1")
+@pytest.mark.parametrize("estimator", ["step_gae", "gigpo"])
+def test_turn_level_estimators_train_with_the_masks_on(data_dir, tmp_path, estimator):
+    cfg = tiny_config(data_dir, tmp_path, f"ppo.estimator={estimator}", "ppo.iterations=1", "ppo.group_size=4")
     ws = Workspace.build(cfg)
     warmup(cfg, ws)
     _, _, _, hist = train_ppo(cfg, ws)
     assert all(math.isfinite(v) for v in hist[0].values())
-    assert hist[0]["critic/vf_loss"] > 0 and "critic/explained_variance" in hist[0]
-    assert hist[0]["critic/advantages_abs"] > 0
+    if estimator == "step_gae":  # it trains the value head; GiGPO is critic-free (and the tiny
+        # warm-up's groups may all score alike, giving it nothing to learn from here)
+        assert hist[0]["critic/vf_loss"] > 0 and "critic/explained_variance" in hist[0]
+        assert hist[0]["critic/advantages_abs"] > 0
 
 
 def test_expert_plays_only_the_demonstrations_the_warm_up_reads():

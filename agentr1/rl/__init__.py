@@ -2,10 +2,13 @@
 
 from agentr1.rl.core import (
     EPS,
+    Turns,
+    anchor_states,
     compute_gae,
     compute_step_gae,
     entropy_from_logits,
     explained_variance,
+    gigpo_advantages,
     grpo_advantages,
     kl_penalty,
     last_index,
@@ -26,10 +29,13 @@ from agentr1.rl.core import (
 
 __all__ = [
     "EPS",
+    "Turns",
+    "anchor_states",
     "compute_gae",
     "compute_step_gae",
     "entropy_from_logits",
     "explained_variance",
+    "gigpo_advantages",
     "grpo_advantages",
     "kl_penalty",
     "last_index",

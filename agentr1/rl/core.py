@@ -252,6 +252,34 @@ def turn_ids(mask: torch.Tensor) -> torch.Tensor:
     return torch.where(on, starts.long().cumsum(dim=-1) - 1, -1)
 
 
+class Turns:
+    """The turns of the rows of a (B, T) mask, and per-turn (B, K) tables of token tensors;
+    K is the most turns of any row, and ``present`` (B, K) marks the turns a row has."""
+
+    def __init__(self, mask: torch.Tensor):
+        turn = turn_ids(mask)
+        self.on = turn >= 0
+        self.n = int(turn.max()) + 1 if bool(self.on.any()) else 0
+        self.slot = turn.clamp_min(0)  # off-mask positions add 0 to turn 0 and are masked out
+        self.starts = self.on & (torch.nn.functional.pad(turn, (1, 0), value=-1)[:, :-1] != turn)
+        self.present = self.sum(self.on.float()) > 0
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T) -> (B, K) float32: the sum of x over each turn's positions."""
+        table = torch.zeros(self.on.shape[0], self.n, dtype=torch.float32, device=self.on.device)
+        return table.scatter_add_(1, self.slot, _keep(x.float(), self.on)) if self.n else table
+
+    def first(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T) -> (B, K) float32: x at each turn's first position."""
+        return self.sum(_keep(x.float(), self.starts))
+
+    def spread(self, table: torch.Tensor) -> torch.Tensor:
+        """(B, K) -> (B, T) float32: each masked-in position gets its turn's entry, 0 elsewhere."""
+        if not self.n:
+            return torch.zeros(self.on.shape, dtype=torch.float32, device=self.on.device)
+        return _keep(table.float().gather(1, self.slot), self.on)
+
+
 @torch.no_grad()
 def compute_step_gae(
     token_rewards: torch.Tensor,
@@ -272,31 +300,71 @@ def compute_step_gae(
     covers the whole response (no advantage mask) the response is one step.
     Rewards on masked-out positions are ignored, as in :func:`compute_gae`."""
     _check_shapes("compute_step_gae", token_rewards=token_rewards, values=values, mask=mask)
-    turn = turn_ids(mask)
-    on = turn >= 0
-    if not bool(on.any()):
-        zeros = torch.zeros(turn.shape, dtype=torch.float32, device=turn.device)
-        return zeros, zeros.clone()
-    n_rows, n_turns = turn.shape[0], int(turn.max()) + 1
-    slot = turn.clamp_min(0)  # off-mask positions add 0 to turn 0 and are masked out at the end
-    per_turn = lambda x: torch.zeros(n_rows, n_turns, dtype=torch.float32,  # noqa: E731
-                                     device=turn.device).scatter_add_(1, slot, x)
-    rewards = per_turn(_keep(token_rewards.float(), on))
-    starts = on & (torch.nn.functional.pad(turn, (1, 0), value=-1)[:, :-1] != turn)
-    vals = per_turn(_keep(values.float(), starts))
-    present = per_turn(on.float()) > 0
-    next_value = rewards.new_zeros(n_rows)
-    next_adv = rewards.new_zeros(n_rows)
+    turns = Turns(mask)
+    rewards, vals, present = turns.sum(token_rewards), turns.first(values), turns.present
+    next_value = rewards.new_zeros(rewards.shape[0])
+    next_adv = rewards.new_zeros(rewards.shape[0])
     columns = []
-    for k in reversed(range(n_turns)):  # a row's missing turns come after its last: they stay 0
+    for k in reversed(range(turns.n)):  # a row's missing turns come after its last: they stay 0
         adv_k = _keep(rewards[:, k] + gamma * next_value - vals[:, k] + gamma * lam * next_adv, present[:, k])
         next_value, next_adv = vals[:, k], adv_k
         columns.append(adv_k)
-    step_adv = torch.stack(columns[::-1], dim=1)
+    step_adv = torch.stack(columns[::-1], dim=1) if columns else rewards
     step_ret = _keep(step_adv + vals, present)
     if whiten:
         step_adv = masked_whiten(step_adv, present)
-    return _keep(step_adv.gather(1, slot), on), _keep(step_ret.gather(1, slot), on)
+    return turns.spread(step_adv), turns.spread(step_ret)
+
+
+def anchor_states(input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, L) token ids, (B, T = L - 1) mask -> (B, K) long: an id for the state each turn starts
+    from, equal for two turns exactly when the tokens before them are (the prompt, earlier turns
+    and tool answers), -1 where a row has no turn k. Rows must start at index 0 (right padding)."""
+    turns = Turns(mask)
+    states = torch.full((input_ids.shape[0], turns.n), -1, dtype=torch.long)
+    seen: dict[bytes, int] = {}
+    for b, t in torch.nonzero(turns.starts).tolist():  # mask position t predicts token t + 1
+        key = input_ids[b, : t + 1].cpu().numpy().tobytes()
+        states[b, int(turns.slot[b, t])] = seen.setdefault(key, len(seen))
+    return states.to(input_ids.device)
+
+
+@torch.no_grad()
+def gigpo_advantages(
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    scores: torch.Tensor,
+    group_ids: torch.Tensor,
+    states: torch.Tensor,
+    gamma: float,
+    step_weight: float = 1.0,
+) -> torch.Tensor:
+    """GiGPO (Feng et al. 2025), critic-free with turn-level credit -> (B, T).
+
+    Each turn's advantage is the episode's GRPO advantage (its ``scores`` against its group's)
+    plus ``step_weight`` times a step advantage: the turn's discounted return from that turn
+    (turn rewards are the sums of their tokens' rewards, discounted per turn) normalised among
+    all the batch's turns that start from the same state (``states`` (B, K), from
+    :func:`anchor_states`; a state reached once gives 0). Every token of the turn gets it."""
+    _check_group_inputs("gigpo_advantages", scores, group_ids, mask)
+    turns = Turns(mask)
+    if tuple(states.shape) != (mask.shape[0], turns.n):
+        raise ValueError(f"gigpo_advantages: states must be (B, K)={(mask.shape[0], turns.n)}, "
+                         f"got {tuple(states.shape)}")
+    episode = grpo_advantages(scores, group_ids, torch.ones_like(scores).unsqueeze(-1))[:, 0]
+    rewards = turns.sum(token_rewards)
+    returns = torch.zeros_like(rewards)
+    following = rewards.new_zeros(rewards.shape[0])
+    for k in reversed(range(turns.n)):
+        following = _keep(rewards[:, k] + gamma * following, turns.present[:, k])
+        returns[:, k] = following
+    step = torch.zeros_like(rewards)
+    where = turns.present
+    if bool(where.any()):
+        size, mean, std, flat = _group_stats(returns[where], states[where])
+        adv = (returns[where].double() - mean) / (std + EPS)
+        step[where] = torch.where(flat | (size < 2), torch.zeros_like(adv), adv).float()
+    return turns.spread(episode.unsqueeze(-1) + step_weight * step)
 
 
 def _group_stats(

@@ -24,10 +24,12 @@ import torch
 
 from agentr1.config import CRITIC_ESTIMATORS, Estimator
 from agentr1.rl.core import (
+    anchor_states,
     compute_gae,
     compute_step_gae,
     entropy_from_logits,
     explained_variance,
+    gigpo_advantages,
     grpo_advantages,
     kl_penalty,
     logprobs_from_logits,
@@ -53,6 +55,7 @@ class PPOHyper:
     loss_mask: bool
     advantage_mask: bool
     loss_weighting: str
+    gigpo_step_weight: float
     epochs: int
     minibatch_size: int
     clip_eps: float
@@ -162,6 +165,9 @@ def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper,
         adv, returns = compute_step_gae(token_rewards, old_values, adv_mask, hp.gamma, hp.lam, hp.whiten_advantages)
     elif hp.estimator == "grpo":
         adv = grpo_advantages(batch.scores, batch.group_ids, adv_mask)
+    elif hp.estimator == "gigpo":
+        adv = gigpo_advantages(token_rewards, adv_mask, batch.scores, batch.group_ids,
+                               anchor_states(batch.input_ids, adv_mask), hp.gamma, hp.gigpo_step_weight)
     elif hp.estimator == "rloo":
         adv = rloo_advantages(batch.scores, batch.group_ids, adv_mask)
     elif hp.estimator == "reinforce_pp":
