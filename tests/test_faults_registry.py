@@ -242,6 +242,7 @@ def consistent_order(decisions: list[dict], final: str | None) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_overlapping_promotions_are_compare_and_set(fresh_store, tmp_path):
     """Two challengers, each believing there is no champion, move the alias at the same
     instant from two processes: the second must see the first's move and decide against it,
