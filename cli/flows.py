@@ -211,11 +211,16 @@ def run_flow(args: argparse.Namespace, flow, params):
 
 
 def _set_crashed(flow_run_id, signame: str) -> None:
+    """Mark a stopped flow run Crashed; a server that cannot be told is said, not raised (the
+    stop is what the exit status reports)."""
     from prefect import get_client
     from prefect.states import Crashed
 
-    with get_client(sync_client=True) as client:
-        client.set_flow_run_state(flow_run_id, Crashed(message=f"stopped by {signame}"), force=True)
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run_id, Crashed(message=f"stopped by {signame}"), force=True)
+    except Exception as exc:  # noqa: BLE001 - any failure to reach the server
+        logging.getLogger(OWN_LOGGER).warning("could not mark flow run %s Crashed: %s", flow_run_id, exc)
 
 
 
