@@ -440,7 +440,8 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
 def ppo_hyper(cfg: Config) -> PPOHyper:
     p = cfg.ppo
     return PPOHyper(estimator=p.estimator, loss_mask=p.loss_mask, advantage_mask=p.advantage_mask,
-                    loss_weighting=p.loss_weighting, gigpo_step_weight=p.gigpo_step_weight, epochs=p.epochs, minibatch_size=p.minibatch_size, clip_eps=p.clip_eps,
+                    loss_weighting=p.loss_weighting, gigpo_step_weight=p.gigpo_step_weight,
+                    epochs=p.epochs, minibatch_size=p.minibatch_size, clip_eps=p.clip_eps,
                     dual_clip_c=p.dual_clip_c, vf_coef=p.vf_coef, vf_clip=p.vf_clip, kl_coef=p.kl_coef,
                     kl_kind=p.kl_kind, kl_in_reward=p.kl_in_reward, kl_clamp=p.kl_clamp,
                     entropy_coef=p.entropy_coef, gamma=p.gamma, lam=p.lam,

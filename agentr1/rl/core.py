@@ -246,10 +246,14 @@ def turn_ids(mask: torch.Tensor) -> torch.Tensor:
     """(B, T) -> (B, T) long: which turn of its row each masked-in position belongs to (0, 1, ...;
     a turn is a maximal run of masked-in positions), -1 outside the mask."""
     on = _as_bool(mask)
+    return torch.where(on, _turn_starts(on).long().cumsum(dim=-1) - 1, -1)
+
+
+def _turn_starts(on: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool -> (B, T) bool: the first position of each run of ``on``."""
     before = torch.zeros_like(on)
     before[:, 1:] = on[:, :-1]
-    starts = on & ~before
-    return torch.where(on, starts.long().cumsum(dim=-1) - 1, -1)
+    return on & ~before
 
 
 class Turns:
@@ -261,7 +265,7 @@ class Turns:
         self.on = turn >= 0
         self.n = int(turn.max()) + 1 if bool(self.on.any()) else 0
         self.slot = turn.clamp_min(0)  # off-mask positions add 0 to turn 0 and are masked out
-        self.starts = self.on & (torch.nn.functional.pad(turn, (1, 0), value=-1)[:, :-1] != turn)
+        self.starts = _turn_starts(self.on)
         self.present = self.sum(self.on.float()) > 0
 
     def sum(self, x: torch.Tensor) -> torch.Tensor:
