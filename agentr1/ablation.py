@@ -263,7 +263,7 @@ def run_job(job: Job, ws, warmup_dir: str | Path, log_metrics: MetricsFn | None 
     A finished run is returned as it is; an unfinished RL run resumes from its checkpoint.
     Returns None when ``stop_after`` stopped training before the end (tests).
     """
-    from agentr1.trainer import _load_policy, naive_rag_engine, run_eval
+    from agentr1.trainer import _load_policy, naive_rag_engine, run_eval, selected_policy
 
     claim(job.run_dir / JOB_FILE, job.identity())
     done = finished(job)
@@ -277,7 +277,9 @@ def run_job(job: Job, ws, warmup_dir: str | Path, log_metrics: MetricsFn | None 
         curve, history, session = train_rl(job, ws, log_metrics, stop_after)
         if session is None:
             return None
-        policy = (session.policy, session.tokenizer, session.chat)
+        # the run's result is the policy `agentr1 train` would make final/: the best on dev, or the last
+        policy = _load_policy(cfg, ws, selected_policy(cfg)[0]) if cfg.ppo.dev_every else \
+            (session.policy, session.tokenizer, session.chat)
         engine = None
     else:
         policy = _load_policy(cfg, ws, WARMUP_DIR)

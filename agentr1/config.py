@@ -235,6 +235,8 @@ class PPOConfig(_Section):
     minibatch_size: int = Field(16, ge=1)
     grad_accum: int = Field(1, ge=1)
     lr: float = Field(1e-4, gt=0)
+    lr_warmup_iters: int = Field(0, ge=0)
+    """Iterations over which the learning rate rises linearly to ``lr`` (0: ``lr`` from the first)."""
     estimator: Estimator = "gae"
     loss_mask: bool = True
     """Average policy/value loss, KL and entropy over action tokens only."""
@@ -255,6 +257,12 @@ class PPOConfig(_Section):
     kl_kind: KLKind = "k3"
     kl_in_reward: bool = False
     kl_clamp: float = 10.0
+    kl_target: float | None = Field(None, gt=0)
+    """Adaptive KL (Ziegler et al. 2019; ``agentr1.rl.control.adapt_kl_coef``): after each
+    iteration ``kl_coef`` moves toward the value that holds the batch's KL to the reference at
+    this target, by at most ``0.2 / kl_horizon`` of itself per iteration; None: fixed ``kl_coef``."""
+    kl_horizon: float = Field(10.0, gt=0)
+    """Iterations over which the adaptive controller can change ``kl_coef`` by about 20%."""
     entropy_coef: float = 0.0
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(0.95, ge=0, le=1)
@@ -265,6 +273,21 @@ class PPOConfig(_Section):
     or ``auto``: bf16 only where the device has it natively (a GPU, a CPU with AMX or AVX-512 BF16;
     ``agentr1.trainer.native_bf16``), since emulated bf16 is far slower than fp32."""
     checkpoint_every: int = Field(10, ge=0)
+    dev_every: int = Field(0, ge=0)
+    """Evaluate on ``dev_split`` (greedy and sampled, its first ``dev_examples``) before the first
+    iteration and every this many, and at the last: the best policy by ``dev_metric`` is kept in
+    ``checkpoints/best`` and becomes the run's ``final/`` (the warm-up's when PPO never beat it on
+    dev). 0: no dev evaluation; ``final/`` is the last policy."""
+    dev_split: str = "dev"
+    dev_examples: int | None = Field(100, ge=1)
+    dev_metric: Literal["greedy/em", "sampled/em", "em"] = "em"
+    """What ranks the dev evaluations: greedy EM, sampled EM, or ``em``, their mean."""
+    dev_patience: int = Field(0, ge=0)
+    """Stop after this many dev evaluations in a row without a better score (0: never)."""
+    stop_kl: float | None = Field(None, gt=0)
+    """Stop when a batch's mean KL to the reference (``actor/ref_kl``) is above this."""
+    stop_bad_calls: float | None = Field(None, gt=0)
+    """Stop when bad tool calls per episode rise more than this above the first iteration's."""
     check_rollouts: bool = True
     """Check every rollout batch against agentr1/rollout/checks.py's rules before learning from
     it (masks, lengths, finite rewards within the weights' bound); a broken batch stops the run."""
@@ -278,6 +301,10 @@ class PPOConfig(_Section):
             raise ValueError(f"ppo.group_size must be >= 2 for estimator {self.estimator!r}")
         if self.episodes_per_iter % self.group_size:
             raise ValueError("ppo.episodes_per_iter must be a multiple of ppo.group_size")
+        if self.dev_patience and not self.dev_every:
+            raise ValueError("ppo.dev_patience counts dev evaluations: set ppo.dev_every too")
+        if self.kl_target is not None and self.kl_coef == 0:
+            raise ValueError("ppo.kl_target adapts ppo.kl_coef multiplicatively: it needs ppo.kl_coef > 0")
         return self
 
 

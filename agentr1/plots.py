@@ -9,6 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from agentr1.rl.control import DEV_SCORE  # noqa: E402
+
 CURVE_PANELS = (
     ("rollout/em", "exact match (train rollouts, sampled)"),
     ("reward/total", "reward per episode"),
@@ -32,6 +34,10 @@ def plot_learning_curve(history: list[dict[str, float]] | dict[str, list[dict[st
         its = [h["iteration"] for h in hist]
         for ax, (key, _) in zip(axes, CURVE_PANELS):
             ax.plot(its, [h.get(key, float("nan")) for h in hist], marker=".", lw=1, label=label or None)
+        dev = [(h["iteration"], h[DEV_SCORE]) for h in hist if DEV_SCORE in h]
+        if dev:  # ppo.dev_every: the score that picks the final policy, beside the rollouts' EM
+            axes[0].plot(*zip(*dev), marker="s", ls="--", lw=1, label=f"{label} dev score".strip())
+            axes[0].legend(fontsize=8)
         axes[-1].plot([h["time/elapsed_s"] for h in hist], [h["rollout/em"] for h in hist], marker=".", lw=1,
                       label=label or None)
     for ax, (_, name) in zip(axes, CURVE_PANELS):

@@ -8,7 +8,8 @@ Run layout under ``cfg.output_dir``::
 
     warmup/            HF directory + value head of the warmed-up policy (the PPO reference)
     checkpoints/last/  the latest PPO checkpoint (policy, optimizer, scheduler, RNG, iteration)
-    final/             the trained policy
+    checkpoints/best/  with ``ppo.dev_every``: the policy that scored best on dev, and best.json
+    final/             the trained policy (the best on dev, or the last)
     metrics.jsonl      one JSON object of metrics per PPO iteration
     eval_*.json        evaluation metrics; trajectories_*.txt  rendered sample episodes
 """
@@ -19,8 +20,9 @@ import logging
 import math
 import os
 import random
+import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -39,6 +41,7 @@ from agentr1.env.registry import build_env, synth_data
 from agentr1.errors import UserError
 from agentr1.evaluate import EvalResult, evaluate, render_trajectory
 from agentr1.fsutil import recover_dir, verify_manifest, write_json
+from agentr1.rl.control import DEV_SCORE, adapt_kl_coef, dev_score, lr_warmup_factor, stop_reason
 from agentr1.rl.guard import StepGuard, TrainingDiverged, assert_finite_outputs
 from agentr1.rl.optim import MuonWithAdamW, muon_groups
 from agentr1.rl.ppo import PPOHyper, ppo_update, score_batch
@@ -57,6 +60,9 @@ WARMUP_STATS = "warmup_stats.json"
 WARMUP_PROGRESS_S = 20.0  # a warm-up progress line at least this often (the warm-up is the longest stage)
 FINAL_DIR = "final"
 LAST_DIR = Path("checkpoints") / "last"
+BEST_DIR = Path("checkpoints") / "best"
+BEST_FILE = "best.json"
+SELECTED_FILE = "selected.json"
 
 MetricsFn = Callable[[dict[str, float], int], None]
 
@@ -535,16 +541,23 @@ class PPOSession:
         self.acc = make_accelerator(cfg, ws.device, p.mixed_precision, p.grad_accum)
         attention_for_precision(model, ws.device, self.acc.mixed_precision)
         optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=p.lr, weight_decay=0.0)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: lr_warmup_factor(it, p.lr_warmup_iters))
         self.iteration, self.history = 0, []
+        self.dev_start: float | None = None  # the warm-up's dev score (ppo.dev_patience counts from it)
         if resume:
             state = ckpt.load_trainer_state(self.last)
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
             ckpt.set_rng_state(state["rng"])
             self.iteration = state["iteration"]
-            self.history = ckpt.load_state(self.last).get("history", [])
+            saved = ckpt.load_state(self.last)
+            self.history, self.dev_start = saved.get("history", []), saved.get("dev_start")
             log.info("resuming PPO at iteration %d (%s)", self.iteration, self.last)
+        self.kl_coef = p.kl_coef
+        if p.kl_target is not None and self.history:  # the controller's next value, as it was left
+            last_it = self.history[-1]
+            self.kl_coef = adapt_kl_coef(last_it["actor/kl_coef"], last_it["actor/ref_kl"], p.kl_target, p.kl_horizon)
+        self.best = self._recorded_best() if resume else None
         self.model, self.optimizer, self.scheduler = self.acc.prepare(model, optimizer, scheduler)
         self.engine = make_engine(cfg, ws.env, self.policy, self.tokenizer, self.chat, ws.device)
         self._t_offset = self.history[-1]["time/elapsed_s"] if self.history else 0.0
@@ -556,8 +569,62 @@ class PPOSession:
         return self.acc.unwrap_model(self.model)
 
     @property
+    def stopped(self) -> str | None:
+        """Why the run stopped before ``ppo.iterations`` (:func:`agentr1.rl.control.stop_reason`), or None."""
+        start = -math.inf if self.dev_start is None else self.dev_start
+        return stop_reason(self.history, self.cfg.ppo, start)
+
+    @property
     def done(self) -> bool:
-        return self.iteration >= self.cfg.ppo.iterations
+        return self.iteration >= self.cfg.ppo.iterations or self.stopped is not None
+
+    def _recorded_best(self) -> dict | None:
+        best = Path(self.cfg.output_dir) / BEST_DIR
+        if not self.cfg.ppo.dev_every or not best.exists():
+            return None
+        verify_manifest(best, f"move {best} away to restart PPO from the warm-up")
+        record = json.loads((best / BEST_FILE).read_text())
+        check_same_config(record.get("config"), ppo_identity(self.cfg), best,
+                          f"use another output_dir, or delete {best.parent} to start PPO again")
+        return record
+
+    def evaluate_dev(self) -> dict[str, float]:
+        """When due (``ppo.dev_every``: before the first iteration, every that many, and at the
+        end), the current policy's greedy and sampled episodes on the dev questions, as
+        ``dev/...`` metrics with their score (``dev/score``); a better score than any before
+        replaces ``checkpoints/best``. {} when not due."""
+        p, it = self.cfg.ppo, self.iteration
+        if not p.dev_every or (it % p.dev_every and not self.done) or (it == 0 and self.best is not None):
+            return {}
+        records = self.ws.split(p.dev_split)[: p.dev_examples]
+        self.model.eval()
+        self.engine.backend.sync_weights(self.policy.policy)  # vllm holds a copy; hf reads the module
+        temp = self.cfg.eval.sampled_temperature or self.cfg.rollout.temperature
+        result = evaluate(self.engine, records, seed=self.cfg.seed + 23_456, sampled_temperature=temp,
+                          batch_size=self.cfg.eval.batch_size)
+        score = dev_score(result.metrics, p.dev_metric)
+        if it == 0:
+            self.dev_start = score
+        if self.best is None or score > self.best["score"]:
+            self.best = {"iteration": it, "score": score, "metrics": result.metrics, "config": ppo_identity(self.cfg)}
+            self._save_best()
+        if self.acc.is_main_process:
+            log.info("dev %s at iteration %d: %.3f (greedy EM %.3f, sampled EM %.3f); best %.3f at iteration %d",
+                     p.dev_metric, it, score, result.metrics["greedy/em"], result.metrics["sampled/em"],
+                     self.best["score"], self.best["iteration"])
+        return {DEV_SCORE: score, **{f"dev/{k}": v for k, v in result.metrics.items()}}
+
+    def _save_best(self) -> None:
+        from models.policy import save_actor_critic
+
+        if self.acc.is_main_process:
+            def write(d: Path) -> None:
+                save_actor_critic(self.policy, self.tokenizer, d / ckpt.POLICY_DIR)
+                write_json(d / BEST_FILE, self.best)
+
+            ckpt.atomic_dir(Path(self.cfg.output_dir) / BEST_DIR, write, manifest=True,
+                            need=ckpt.tensor_bytes(self.policy.state_dict()))
+        self.acc.wait_for_everyone()
 
     def collect(self) -> list[Trajectory]:
         """Rollouts of the current policy for this iteration's questions."""
@@ -610,8 +677,9 @@ class PPOSession:
         where = f"PPO iteration {it + 1}"
         batch = collate(trajs, self.chat.pad_token_id).to(self.ws.device)
         t1 = time.time()
+        hp = replace(self.hp, kl_coef=self.kl_coef)
         with self.acc.autocast():
-            scored, score_m = score_batch(self.model, self.ref_model, batch, self.hp, self.acc)
+            scored, score_m = score_batch(self.model, self.ref_model, batch, hp, self.acc)
         t_score = time.time() - t1
         if not (math.isfinite(score_m["actor/ref_kl"]) and math.isfinite(score_m["critic/advantages_abs"])):
             raise TrainingDiverged(f"{where}: the batch scores to non-finite log-probs or advantages "
@@ -619,7 +687,8 @@ class PPOSession:
                                    f"|advantage| {score_m['critic/advantages_abs']})")
         self.model.train()
         self.guard.where = where
-        upd_m = ppo_update(self.model, self.optimizer, self.acc, batch, scored, self.hp,
+        lr = self.scheduler.get_last_lr()[0]
+        upd_m = ppo_update(self.model, self.optimizer, self.acc, batch, scored, hp,
                            torch.Generator().manual_seed(self.cfg.seed * 31 + it), self.guard)
         self.scheduler.step()
         self.model.eval()
@@ -628,7 +697,8 @@ class PPOSession:
         t_roll = getattr(self, "_t_rollout", 0.0)
         # An iteration's time in three parts: sampling, scoring (old/reference log-probs, values,
         # advantages), and the epochs of minibatch updates.
-        metrics = {**rollout_metrics(trajs), **score_m, **upd_m,
+        metrics = {**rollout_metrics(trajs), **score_m, **upd_m, "actor/kl_coef": self.kl_coef,
+                   "actor/lr": lr,
                    "perf/rollout_s": t_roll, "perf/score_s": t_score, "perf/update_s": t_upd,
                    "perf/iter_s": t_roll + t_score + t_upd,
                    "perf/rollout_action_tokens_per_s": sum(t.n_action_tokens for t in trajs) / max(t_roll, 1e-9),
@@ -636,6 +706,8 @@ class PPOSession:
                    "time/elapsed_s": self._t_offset + time.time() - self._t_open, "iteration": float(it + 1)}
         self.history.append(metrics)
         self.iteration += 1
+        if p.kl_target is not None:
+            self.kl_coef = adapt_kl_coef(self.kl_coef, score_m["actor/ref_kl"], p.kl_target, p.kl_horizon)
         if self.acc.is_main_process:  # one line per iteration, not one per process
             log.info("iter %3d/%d  em %.3f  reward %.3f  kl %.4f  clip %.3f  ent %.3f  vf %.4f  %.1fs",
                      it + 1, p.iterations, metrics["rollout/em"], metrics["reward/total"],
@@ -652,7 +724,8 @@ class PPOSession:
         if self.acc.is_main_process:  # every process holds the same weights: one writes them
             ckpt.save_checkpoint(self.last, lambda d: save_actor_critic(self.policy, self.tokenizer, d),
                                  self.optimizer, self.scheduler, self.iteration,
-                                 {"history": self.history, "config": ppo_identity(self.cfg)},
+                                 {"history": self.history, "config": ppo_identity(self.cfg),
+                                  "dev_start": self.dev_start},
                                  policy_bytes=ckpt.tensor_bytes(self.policy.state_dict()))
         self.acc.wait_for_everyone()
         return self.last
@@ -672,7 +745,10 @@ def run_ppo(session: PPOSession, end: int | None = None, log_metrics: MetricsFn 
     """The PPO loop of every entry point (the CLI and DVC stages, the Prefect flows, the
     ablation runs): iterations until ``end`` (default ``ppo.iterations``) in total, a checkpoint
     every ``ppo.checkpoint_every``, at the iterations in ``save_at`` and at the end, then
-    ``after_iteration(session)`` (the ablation measures its learning curve there).
+    ``after_iteration(session)`` (the ablation measures its learning curve there). With
+    ``ppo.dev_every`` the policy is evaluated on dev before the first iteration and on that
+    schedule, and the best kept (:meth:`PPOSession.evaluate_dev`); the run ends early when
+    :attr:`PPOSession.stopped` gives a reason (``ppo.stop_kl``, ``stop_bad_calls``, ``dev_patience``).
 
     Under ``accelerate launch`` with several processes (agentr1/rl/distributed.py) every process
     runs this loop; ``log_metrics``, ``before_update`` and ``after_iteration`` run on the main
@@ -685,12 +761,19 @@ def run_ppo(session: PPOSession, end: int | None = None, log_metrics: MetricsFn 
     end = session.cfg.ppo.iterations if end is None else min(end, session.cfg.ppo.iterations)
     every = session.cfg.ppo.checkpoint_every
     main = session.acc.is_main_process
-    while session.iteration < end:
+    first = session.evaluate_dev() if session.iteration == 0 else {}  # the warm-up on dev
+    if first and log_metrics and main:
+        log_metrics(first, 0)
+    while session.iteration < end and not session.done:
         metrics = session.iterate(before_update if main else None)
+        metrics.update(session.evaluate_dev())  # the same dict as the history's last entry
         if log_metrics and main:
             log_metrics(metrics, session.iteration)
         it = session.iteration
-        if (every and it % every == 0) or it == end or it in save_at:
+        if session.stopped and main:
+            log.warning("PPO stops early after iteration %d of %d: %s", it, session.cfg.ppo.iterations,
+                        session.stopped)
+        if (every and it % every == 0) or it == end or it in save_at or session.done:
             session.save()
         if after_iteration is not None and main:
             after_iteration(session)
@@ -778,7 +861,8 @@ def stage_baselines(cfg: Config, ws: Workspace) -> dict[str, dict[str, float]]:
     return out
 
 
-def _load_policy(cfg: Config, ws: Workspace, name: str):
+def _load_policy(cfg: Config, ws: Workspace, name: str | Path):
+    """The policy in ``output_dir/name`` (or at ``name``, an absolute path) with its chat format."""
     from models.chat import ChatFormat
     from models.policy import load_actor_critic
 
@@ -813,15 +897,45 @@ def stage_warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = Non
 def stage_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None) -> list[dict]:
     """PPO from the warm-up (resuming if a checkpoint exists); writes final/, metrics.jsonl and
     learning_curve.png."""
-    from models.policy import save_actor_critic
-
-    out = Path(cfg.output_dir)
-    model, tokenizer, _, history = train_ppo(cfg, ws, log_metrics)
-    if not PartialState().is_main_process:  # data parallel: the main process writes the results
-        return history
-    save_actor_critic(model, tokenizer, out / FINAL_DIR)
-    write_history(cfg, history)
+    history = train_ppo(cfg, ws, log_metrics)[3]
+    if PartialState().is_main_process:  # data parallel: the main process writes the results
+        write_final_policy(cfg)
+        write_history(cfg, history)
     return history
+
+
+def selected_policy(cfg: Config) -> tuple[Path, dict]:
+    """The policy a run's ``final/`` is made of, and what chose it: the best on dev
+    (``checkpoints/best``, with ``ppo.dev_every``), else the last PPO checkpoint, else the
+    warm-up (no iteration ran)."""
+    out = Path(cfg.output_dir)
+    best, last = out / BEST_DIR, out / LAST_DIR
+    if cfg.ppo.dev_every and best.exists():
+        record = json.loads((best / BEST_FILE).read_text())
+        return best / ckpt.POLICY_DIR, {"by": f"dev {cfg.ppo.dev_metric}", "iteration": record["iteration"],
+                                        "dev_score": record["score"]}
+    if last.exists():
+        return last / ckpt.POLICY_DIR, {"by": "last", "iteration": ckpt.load_state(last)["iteration"]}
+    return out / WARMUP_DIR, {"by": "last", "iteration": 0}
+
+
+def write_final_policy(cfg: Config) -> Path:
+    """``final/``, a copy of :func:`selected_policy`'s choice, with ``selected.json`` saying which
+    (iteration, and why); its one writer, whichever entry point ran the iterations."""
+    source, selected = selected_policy(cfg)
+
+    def write(d: Path) -> None:
+        shutil.copytree(source, d, dirs_exist_ok=True)
+        write_json(d / SELECTED_FILE, selected)
+
+    log.info("final policy: iteration %d (%s)", selected["iteration"], selected["by"])
+    return ckpt.atomic_dir(Path(cfg.output_dir) / FINAL_DIR, write)
+
+
+def final_selection(final_dir: str | Path) -> dict | None:
+    """What :func:`write_final_policy` recorded of the policy in ``final_dir`` (for summary.json)."""
+    path = Path(final_dir) / SELECTED_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def write_history(cfg: Config, history: list[dict]) -> Path | None:
@@ -849,6 +963,7 @@ def stage_evaluate(cfg: Config, ws: Workspace) -> dict:
     after = run_eval(cfg, ws, *_load_policy(cfg, ws, FINAL_DIR), "final")
     before = json.loads((out / "eval_warmup.json").read_text())
     summary = {"warmup": before, "final": after.metrics, "output_dir": str(out),
+               "selected": final_selection(out / FINAL_DIR),
                "gain": {k: after.metrics[k] - before[k] for k in ("greedy/em", "sampled/em", "greedy/f1", "sampled/f1")}}
     baselines = {b: out / f"eval_{b}.json" for b in cfg.eval.baselines}
     if baselines:

@@ -21,7 +21,7 @@ from prefect.runtime import flow_run
 
 from agentr1.config import Config
 from agentr1.rl.guard import TrainingDiverged
-from agentr1.trainer import write_summary
+from agentr1.trainer import final_selection, write_summary
 from tasks import tracking
 from tasks.data import DataVersion, prepare_data, validate_data
 from tasks.params import PipelineParams, TrainForm, resolve_config
@@ -154,6 +154,7 @@ def run_training_flow(kind: str, form: PipelineParams) -> dict:
                         run_id)
     summary = {"run_id": run_id, "output_dir": cand.output_dir, "data": asdict(cand.data), "split": cfg.eval.split,
                "warmup": cand.warmup, "final": cand.final, "gain": cand.gain, "iterations": len(cand.iterations),
+               "selected": final_selection(cand.final_dir),
                **({"baselines": cand.baselines} if cand.baselines else {}),
                "registered_model": name, "registered_version": version, "promotion": asdict(decision)}
     write_summary(cfg, summary)

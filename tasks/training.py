@@ -14,8 +14,8 @@ Run layout (``cfg.output_dir``): the trainer's (``warmup/``, ``checkpoints/last/
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
-import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +27,9 @@ from agentr1 import checkpoint as ckpt
 from agentr1.config import Config, config_hash
 from agentr1.rundir import HISTORY_FILE, claim_run_dir
 from agentr1.rollout.store import RolloutDatasetInfo
-from agentr1.trainer import (FINAL_DIR, LAST_DIR, WARMUP_DIR, PPOSession, Workspace, check_demonstrable,
-                             finished_warmup, run_eval, run_ppo, stage_baselines, warmup, write_history)
+from agentr1.trainer import (LAST_DIR, SELECTED_FILE, WARMUP_DIR, PPOSession, Workspace, check_demonstrable,
+                             finished_warmup, run_eval, run_ppo, stage_baselines, warmup, write_final_policy,
+                             write_history)
 from tasks import traces, tracking
 from tasks.data import publish_failure
 from tasks.report import Progress
@@ -173,14 +174,16 @@ def ppo_iterations(cfg: Config, run_id: str | None = None, progress_key: str = "
 
 @task(name="save-final-policy", cache_policy=NO_CACHE)
 def save_final_policy(cfg: Config, run_id: str | None = None) -> str:
-    """``final/``: the last PPO policy (the warm-up one after zero iterations), plus
-    ``metrics.jsonl`` and ``learning_curve.png``; logged to the run as artifacts."""
+    """``final/``: the best policy on dev or the last (:func:`~agentr1.trainer.write_final_policy`),
+    plus ``metrics.jsonl`` and ``learning_curve.png``; logged to the run as artifacts, the
+    selected iteration as the metric ``final/iteration``."""
     out = Path(cfg.output_dir)
     last = out / LAST_DIR
-    source = last / ckpt.POLICY_DIR if last.exists() else out / WARMUP_DIR
-    final = ckpt.atomic_dir(out / FINAL_DIR, lambda d: shutil.copytree(source, d, dirs_exist_ok=True))
+    final = write_final_policy(cfg)
     curve = write_history(cfg, ckpt.load_state(last).get("history", []) if last.exists() else [])
     if run_id:
+        selected = json.loads((final / SELECTED_FILE).read_text())
+        tracking.log_metrics(run_id, {"iteration": selected["iteration"]}, step=0, prefix="final/")
         tracking.log_artifacts(run_id, out / HISTORY_FILE)
         if curve:
             tracking.log_plot(run_id, curve)

@@ -176,3 +176,71 @@ def test_auto_precision_is_bf16_only_where_the_device_has_it_natively(monkeypatc
     for native, chosen in ((True, "bf16"), (False, "no")):
         monkeypatch.setattr(trainer, "native_bf16", lambda device, native=native: native)
         assert trainer.training_precision("auto", cpu) == chosen
+
+
+STEERED = ("ppo.dev_every=2", "ppo.dev_examples=4", "ppo.kl_target=0.001", "ppo.kl_horizon=2",
+           "ppo.lr_warmup_iters=2")
+
+
+@pytest.mark.slow
+def test_dev_selection_adaptive_kl_and_lr_warm_up_resume_exactly(data_dir, tmp_path):
+    """The run's steering (dev evaluations keeping the best policy, the adaptive KL coefficient,
+    the learning-rate warm-up) survives a stop and a resume: the same weights, history and best
+    as one uninterrupted run; final/ is the best on dev, whose score no evaluation beat."""
+    from agentr1.fsutil import MANIFEST
+    from agentr1.rl.control import adapt_kl_coef
+
+    one = tiny_config(data_dir, tmp_path / "one", *STEERED)
+    ws = Workspace.build(one)
+    warmup(one, ws)
+    model_a, _, _, hist_a = train_ppo(one, ws)
+    two = tiny_config(data_dir, tmp_path / "two", *STEERED)
+    shutil.copytree(tmp_path / "one" / "warmup", tmp_path / "two" / "warmup")
+    train_ppo(two, ws, stop_after=3)
+    model_b, _, _, hist_b = train_ppo(two, ws)
+
+    a, b = params(model_a), params(model_b)
+    assert all(torch.equal(a[k], b[k]) for k in a), "a resumed steered run diverged from the uninterrupted one"
+    def steady(history):  # what the run computed, without its timings
+        return [{k: v for k, v in h.items() if not k.startswith(("time/", "perf/"))} for h in history]
+
+    assert steady(hist_a) == steady(hist_b)
+    assert [h["iteration"] for h in hist_a if "dev/score" in h] == [2.0, 4.0]
+    assert [h["actor/lr"] for h in hist_a[:3]] == pytest.approx([one.ppo.lr / 2, one.ppo.lr, one.ppo.lr])
+    for h, nxt in zip(hist_a, hist_a[1:]):  # the controller's closed form, iteration by iteration
+        assert nxt["actor/kl_coef"] == pytest.approx(adapt_kl_coef(h["actor/kl_coef"], h["actor/ref_kl"], 0.001, 2))
+    assert hist_a[0]["actor/kl_coef"] == one.ppo.kl_coef != hist_a[-1]["actor/kl_coef"]
+
+    best_a = json.loads((tmp_path / "one/checkpoints/best/best.json").read_text())
+    best_b = json.loads((tmp_path / "two/checkpoints/best/best.json").read_text())
+    assert best_a == best_b
+    assert best_a["score"] >= max(h["dev/score"] for h in hist_a if "dev/score" in h)
+    assert best_a["iteration"] in (0, 2, 4)
+
+
+@pytest.mark.slow
+def test_final_is_the_best_on_dev_and_an_early_stop_ends_the_run(data_dir, tmp_path):
+    """With dev selection the run's final/ is checkpoints/best (selected.json names the iteration,
+    summary.json too); a KL stop ends the run at the first batch with any KL (the second: the first
+    is sampled from the reference itself), with a checkpoint and a dev evaluation there (not on the
+    schedule), and a rerun trains no further."""
+    from models.policy import load_actor_critic
+
+    cfg = tiny_config(data_dir, tmp_path / "run", "ppo.dev_every=3", "ppo.dev_examples=4", "ppo.stop_kl=1e-9",
+                      "ppo.checkpoint_every=3")
+    summary = train(cfg)
+    out = tmp_path / "run"
+    assert summary["iterations"] == 2
+    assert json.loads((out / "checkpoints/last/state.json").read_text())["iteration"] == 2
+    history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [h["actor/ref_kl"] <= 1e-9 for h in history] == [True, False]
+    assert ["dev/score" in h for h in history] == [False, True]
+    best = json.loads((out / "checkpoints/best/best.json").read_text())
+    selected = json.loads((out / "final/selected.json").read_text())
+    assert selected == summary["selected"] == {"by": "dev em", "iteration": best["iteration"],
+                                                "dev_score": best["score"]}
+    final, _ = load_actor_critic(out / "final")
+    kept, _ = load_actor_critic(out / "checkpoints/best/policy")
+    f, k = params(final), params(kept)
+    assert all(torch.equal(f[n], k[n]) for n in f)
+    assert len(train_ppo(cfg, Workspace.build(cfg))[3]) == 2, "a stopped run must not train on when run again"
