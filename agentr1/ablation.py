@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentr1.config import Config, ConfigError, Estimator, _format_validation_error, apply_overrides, config_hash
 from agentr1.fsutil import write_json
-from agentr1.rundir import HISTORY_FILE, claim
+from agentr1.rundir import claim
 
 Kind = Literal["rl", "base", "naive_rag"]
 MetricsFn = Callable[[dict[str, float], int], None]
@@ -233,7 +233,7 @@ def train_rl(job: Job, ws, log_metrics: MetricsFn | None = None, stop_after: int
     warm-up), measuring the learning curve at :func:`eval_iterations`, checkpointed there first.
     Returns ``(curve, history, session)``; the session is None when ``stop_after`` (iterations
     in total, for tests) ended the run early."""
-    from agentr1.trainer import PPOSession, run_ppo
+    from agentr1.trainer import PPOSession, run_ppo, write_history
 
     cfg = job.cfg
     session = PPOSession(cfg, ws)
@@ -252,7 +252,7 @@ def train_rl(job: Job, ws, log_metrics: MetricsFn | None = None, stop_after: int
 
     measure(session)  # iteration 0, or a crash between a checkpoint and its curve point
     run_ppo(session, stop_after, log_metrics, save_at=frozenset(marks), after_iteration=measure)
-    write_json(job.run_dir / HISTORY_FILE, session.history)
+    write_history(cfg, session.history)  # cfg.output_dir is the run directory
     return curve, session.history, (session if session.done else None)
 
 

@@ -33,7 +33,6 @@ from agentr1.ablation import (
     CURVE_KEYS,
     FINAL_TAG,
     FULL,
-    HISTORY_FILE,
     VANILLA,
     VARIANTS,
     WARMUP_DIR,
@@ -66,7 +65,7 @@ from agentr1.config import (
 from tasks import tracking
 from tasks.params import REPO_ROOT, DataSource, preset_path
 from agentr1.env.registry import resolve
-from agentr1.rundir import claim_run_dir
+from agentr1.rundir import HISTORY_FILE, claim_run_dir
 from agentr1.trainer import finished_warmup
 from tasks.training import metrics_logger, warm_up, workspace
 
