@@ -288,25 +288,32 @@ def add_pipeline(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
+    from flows.ablation import AblationFailed, ablation
+    from tasks.ablation import AblationParams
+
+    return _run_study(args, ablation, lambda: AblationParams(preset=args.preset, overrides=args.override,
+                                                             output_dir=args.output_dir), AblationFailed)
+
+
+def _run_study(args: argparse.Namespace, flow, make_params, failed: type[Exception]) -> int:
+    """Run a flow that writes a results table (the ablation, the suite) and print the table."""
     console_setup(args.verbose)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_S)
     server = use_local_server()
-    from flows.ablation import AblationFailed, ablation
-    from tasks.ablation import AblationParams
     from tasks.validation import ValidationFailed
 
-    params = AblationParams(preset=args.preset, overrides=args.override, output_dir=args.output_dir)
-    state = run_flow(args, ablation, params)
+    state = run_flow(args, flow, make_params())
     try:
         result = state.result()
     except ValidationFailed as exc:
         print(f"agentr1: validation failed, nothing was trained:\n{exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except AblationFailed as exc:
+    except failed as exc:
         print(f"agentr1: {exc}", file=sys.stderr)
         return EXIT_FAILED
     with open(result["results_md"], encoding="utf-8") as f:
-        headline = [f.read(), f"Report        : {result['results_md']} (plot {result['plot']})"]
+        headline = [f.read(), f"Report        : {result['results_md']}"
+                    + (f" (plot {result['plot']})" if "plot" in result else "")]
     return print_outcome(args, server, state, result, headline)
 
 
@@ -321,3 +328,26 @@ def add_ablate(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--output-dir", default=None, help="ablation root (default: the preset's); the same dir resumes")
     _add_output_args(p)
     p.set_defaults(func=cmd_ablate)
+
+
+# ---------------------------------------------------------------- suite
+
+
+def cmd_suite(args: argparse.Namespace) -> int:
+    from flows.suite import SuiteFailed, suite
+    from tasks.suite import SuiteParams
+
+    return _run_study(args, suite, lambda: SuiteParams(preset=args.preset, overrides=args.override,
+                                                       output_dir=args.output_dir), SuiteFailed)
+
+
+def add_suite(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("suite", help=("the default recipe on every task of a suite (a Prefect flow); prints "
+                                             "warm-up and final EM per task and the mean gain"))
+    p.add_argument("--preset", default="default", help="conf/suite/<preset>.yaml or a YAML path (default: default)")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a suite key (seeds=[0], study=NAME) or a training key for every task (ppo.iterations=10); "
+                        "repeatable")
+    p.add_argument("--output-dir", default=None, help="suite root (default: the preset's); the same dir resumes")
+    _add_output_args(p)
+    p.set_defaults(func=cmd_suite)

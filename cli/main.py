@@ -14,6 +14,7 @@
     agentr1 mcp-serve [--config conf/train.yaml] [--data DIR] [--http PORT]   (the agent's tools as an MCP server)
     agentr1 pipeline [--flow pipeline|retrain|evaluate] [--preset train] [-o key=value ...]   (Prefect flows)
     agentr1 ablate [--preset quick] [-o key=value ...] [--output-dir DIR]   (the ablation flow)
+    agentr1 suite [--preset default] [-o key=value ...] [--output-dir DIR]  (the task suite flow)
     agentr1 report --study NAME [--run RUN_ID ...] [--out docs/results] [--include README.md]   (from MLflow)
     agentr1 report --from docs/results/NAME.jsonl [--include README.md]   (the export alone)
     agentr1 report --import docs/results/NAME.jsonl   (the published runs into this MLflow store)
@@ -378,6 +379,12 @@ def _add_ablate(subparsers: argparse._SubParsersAction) -> None:
     add_ablate(subparsers)
 
 
+def _add_suite(subparsers: argparse._SubParsersAction) -> None:
+    from cli.flows import add_suite  # Prefect is imported only when the command runs
+
+    add_suite(subparsers)
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -448,6 +455,7 @@ def _add_mcp_serve(subparsers: argparse._SubParsersAction) -> None:
 COMMANDS.append(_add_mcp_serve)
 COMMANDS.append(_add_pipeline)
 COMMANDS.append(_add_ablate)
+COMMANDS.append(_add_suite)
 COMMANDS.append(_add_report)
 
 

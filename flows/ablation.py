@@ -62,8 +62,9 @@ def run_all(jobs: list[Job], warmup_dir: str, parent_run_id: str, threads: int) 
     return results, failures
 
 
-def command_line(params: AblationParams) -> str:
-    words = ["agentr1", "ablate", "--preset", params.preset]
+def command_line(params: AblationParams, command: str = "ablate") -> str:
+    """The ``agentr1`` command that runs (or resumes) the flow of ``params`` (the ablation's, the suite's)."""
+    words = ["agentr1", command, "--preset", params.preset]
     for o in params.overrides:
         words += ["-o", o]
     if params.output_dir:
@@ -102,4 +103,5 @@ def ablation(params: AblationParams = AblationParams()) -> dict:
                                  f"re-run with output_dir={spec.output_dir} to resume them")
     return {"run_id": run_id, "output_dir": spec.output_dir, "results_md": str(paths["results.md"]),
             "plot": str(paths["curves.png"]), "efficiency": eff.to_dict(), "wall_seconds": time.time() - t0,
-            "runs": [{k: r[k] for k in ("variant", "seed", "status", "run_id", "final")} for r in results]}
+            "runs": [{k: r[k] for k in ("variant", "seed", "kind", "status", "run_id", "final", "train_seconds")}
+                     for r in results]}

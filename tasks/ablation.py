@@ -167,13 +167,14 @@ class AblationParams(_Form):
 # ----------------------------------------------------------------------------- spec
 
 
-def spec_path(preset: str) -> Path:
-    """``"quick"`` -> ``<repo>/conf/ablation/quick.yaml``; a YAML path is taken as it is."""
+def spec_path(preset: str, folder: Path = ABLATION_CONF, what: str = "ablation preset") -> Path:
+    """``"quick"`` -> ``<repo>/conf/ablation/quick.yaml`` (a preset in ``folder``); a YAML path is
+    taken as it is."""
     try:
-        return preset_path(preset if preset.endswith((".yaml", ".yml")) else f"{ABLATION_CONF.name}/{preset}")
+        return preset_path(preset if preset.endswith((".yaml", ".yml")) else f"{folder.name}/{preset}")
     except FileNotFoundError:
-        known = sorted(p.stem for p in (REPO_ROOT / ABLATION_CONF).glob("*.yaml"))
-        raise FileNotFoundError(f"ablation preset {preset!r}: no such file; presets: {known}") from None
+        known = sorted(p.stem for p in (REPO_ROOT / folder).glob("*.yaml"))
+        raise FileNotFoundError(f"{what} {preset!r}: no such file; presets: {known}") from None
 
 
 def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:

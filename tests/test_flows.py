@@ -28,6 +28,7 @@ from tasks.data import dir_hash, recorded_hash, version_dataset
 from tasks.params import DataSource, EvaluateParams, PipelineParams, RetrainParams, preset_path, resolve_config
 from tasks.registry import compare, parse_model_ref
 from tasks.report import metrics_table
+from tasks.suite import SuiteParams
 
 FAST = ["ppo.iterations=1", "eval.max_examples=4", "env.max_turns=2", "env.max_turn_tokens=8"]
 FLOW_RUN_TIMEOUT_S = 240
@@ -212,9 +213,9 @@ def test_prefect_yaml_declares_the_deployments_with_valid_forms():
     from flows.serve import deployment_specs, to_deployment
 
     specs = {s["name"]: s for s in deployment_specs()}
-    assert {"manual", "nightly", "on-demand", "mask-and-reward"} <= set(specs)
+    assert {"manual", "nightly", "on-demand", "mask-and-reward", "default"} <= set(specs)
     forms = {"pipeline": PipelineParams, "retrain": RetrainParams, "evaluate": EvaluateParams,
-             "ablation": AblationParams}
+             "ablation": AblationParams, "suite": SuiteParams}
     for spec in specs.values():
         dep = to_deployment(spec)
         forms[dep.flow_name](**dep.parameters["params"])  # the defaults validate

@@ -1,0 +1,74 @@
+"""The task suite flow: the default recipe on every task of a suite, and one table.
+
+    for each task: its ablation flow (data -> validate -> warm-up -> the warm-up evaluated and
+    the recipe's PPO runs, one per seed) -> the suite table (warm-up and final test EM, greedy
+    and sampled, mean ± std over seeds, and the gain) -> results.md, results.csv, suite.json
+
+One parent MLflow run per flow run (experiment ``agentr1-ablation``, tagged with the suite's
+study); each task's ablation parent run is nested under it, its (variant, seed) runs under that.
+A task that fails does not stop the others; the flow then fails after the report, and running
+it again with the same output dir reuses the finished runs and resumes the rest.
+
+    agentr1 suite [--preset default] [-o seeds=[0,1,2] -o ppo.iterations=10 ...]
+    make serve   # then Run on deployment "suite/default" in the Prefect UI
+"""
+from __future__ import annotations
+
+import time
+
+from prefect import flow
+
+from agentr1.suite import MODES, mean_gain, task_row
+from flows.ablation import ERROR_CHARS, ablation, command_line
+from flows.pipeline import run_name
+from flows.pipeline import run_tags as flow_tags
+from tasks import tracking
+from tasks.ablation import AblationParams
+from tasks.report import publish_summary
+from tasks.suite import SuiteParams, load_suite, write_suite_report, write_task_spec
+
+TAG_TASK = "agentr1.suite.task"
+
+
+class SuiteFailed(RuntimeError):
+    """Some tasks failed; the table of the others was published, a re-run resumes them."""
+
+
+@flow(name="suite", description="The default recipe on every task of a suite: warm-up and final EM, and the gain.")
+def suite(params: SuiteParams = SuiteParams()) -> dict:
+    """Run (or resume) every task of the preset and publish the suite table."""
+    t0 = time.time()
+    spec = load_suite(params)
+    tags = {**flow_tags(), "suite.preset": params.preset, "suite.root": spec.output_dir,
+            tracking.TAG_STUDY: spec.study}
+    with tracking.start_run(tracking.EXPERIMENTS["ablation"], run_name("suite"), tags=tags) as run_id:
+        tracking.log_params(run_id, {"suite.tasks": ",".join(spec.tasks), "suite.seeds": str(spec.seeds),
+                                     "suite.overrides": " ".join(spec.overrides)})
+        rows, failures, task_runs = [], [], {}
+        for name in spec.tasks:
+            preset = write_task_spec(spec, name)
+            try:
+                out = ablation.with_options(flow_run_name=f"suite-{name}")(AblationParams(preset=str(preset)))
+                tracking.set_tags(out["run_id"], {tracking.MLFLOW_PARENT_RUN_ID: run_id, TAG_TASK: name})
+                rows.append(task_row(name, out["runs"]))
+                task_runs[name] = out["run_id"]
+            except Exception as exc:  # noqa: BLE001 - reported with its task; the others go on
+                failures.append({"task": name, "error": repr(exc)[:ERROR_CHARS]})
+        for r in rows:
+            tracking.log_metrics(run_id, {f"{r.task}/{w}/{m}": getattr(r, w)[m][0] for w in ("warmup", "final", "gain")
+                                          for m in MODES}, step=0)
+        tracking.log_metrics(run_id, {f"mean_gain/{m}": mean_gain(rows, m) for m in MODES}, step=0)
+        header = [f"Command: `{command_line(params, 'suite')}`; wall time {(time.time() - t0) / 60:.1f} min for "
+                  f"{len(spec.tasks)} tasks x seeds {spec.seeds}.",
+                  "Each task: its warm-up evaluated (`warm-up`) and the recipe's PPO from it (`final`), on the "
+                  "task's test split; mean ± std over the PPO seeds (one warm-up per task). Task ablations "
+                  f"(MLflow parent runs): {', '.join(f'`{t}` {r}' for t, r in task_runs.items()) or 'none'}."]
+        text, paths = write_suite_report(spec, rows, failures, header)
+        tracking.log_artifacts(run_id, *paths.values())
+        publish_summary("suite-summary", f"suite: {params.preset} ({spec.output_dir})", [text], run_id)
+        if failures:
+            raise SuiteFailed(f"{len(failures)} of {len(spec.tasks)} tasks failed (see {paths['results.md']}); "
+                              f"re-run with output_dir={spec.output_dir} to resume them")
+    return {"run_id": run_id, "output_dir": spec.output_dir, "results_md": str(paths["results.md"]),
+            "tasks": task_runs, "mean_gain": {m: mean_gain(rows, m) for m in MODES},
+            "wall_seconds": time.time() - t0}
