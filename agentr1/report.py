@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Literal
 
 from agentr1.ablation import FULL, VARIANTS, efficiency, mean_curve, mean_std
+from agentr1.suite import RECIPE_VARIANT, suite_markdown, task_row
 
 HASH_CHARS = 12  # short hashes and commits in tables; the provenance table lists them whole
 DIRTY = "+dirty"  # a commit's suffix when the run's code differed from it
@@ -340,7 +341,8 @@ class Study:
     """A study's runs and how it was made: what :func:`render_study` needs, and no more."""
 
     name: str
-    kind: Literal["ablation", "pipeline"]
+    kind: Literal["ablation", "pipeline", "suite"]
+    """A suite's records are its tasks' ablation runs, the task in ``warmup`` (one warm-up per task)."""
     split: str
     command: str
     """The command that exported it (named under the tables)."""
@@ -398,10 +400,19 @@ def read_export(path: str | Path) -> Study:
                 history=row.get("history", []), params=row.get("params", {})))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{path}:{number}: a run line lacks or misstates a field: {err}") from None
-    if head.get("kind") not in ("ablation", "pipeline") or len(records) != head.get("runs"):
+    if head.get("kind") not in ("ablation", "pipeline", "suite") or len(records) != head.get("runs"):
         raise ValueError(f"{path}:1: field 'kind' or 'runs': kind {head.get('kind')!r}, {head.get('runs')} runs "
                          f"announced, {len(records)} found")
     return Study(head["study"], head["kind"], head.get("split", "test"), head["command"], records)
+
+
+def suite_rows(records: list[RunRecord]):
+    """A suite's table rows (:func:`agentr1.suite.task_row`), one per task, by task name."""
+    by_task: dict[str, list[dict]] = {}
+    for r in records:
+        by_task.setdefault(r.warmup, []).append({"variant": r.variant, "seed": r.seed, "final": r.final,
+                                                 "kind": VARIANTS[r.variant].kind, "train_seconds": 0.0})
+    return [task_row(task, runs) for task, runs in sorted(by_task.items())]
 
 
 def render_study(study: Study, out_dir: str | Path, include: Iterable[str | Path] = (),
@@ -434,6 +445,13 @@ def render_study(study: Study, out_dir: str | Path, include: Iterable[str | Path
                   "over all their runs):", "",
                   ordering_markdown([c for key in HEADLINE_KEYS for c in ordering(records, key)]), "",
                   speed_claim(records), ""]
+    elif study.kind == "suite":
+        tasks = sorted({r.warmup for r in records})
+        curves = {t: mean_curve([{"curve": r.curve} for r in records if r.warmup == t and r.variant == RECIPE_VARIANT
+                                 and r.curve]) for t in tasks}
+        plot_ablation_curves({t: c for t, c in curves.items() if c}, png, split="dev",
+                             title=f"suite {name}: the recipe's held-out exact match per task (mean ± std over seeds)")
+        lines += [suite_markdown(suite_rows(records)), ""]
     else:
         histories = {f"seed {r.seed} ({r.provenance.run_id[:8]})": r.history for r in records}
         plot_learning_curve({k: h for k, h in histories.items() if h}, png, title=f"study {name}: masked PPO")

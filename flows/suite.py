@@ -27,7 +27,6 @@ from tasks.ablation import AblationParams
 from tasks.report import publish_summary
 from tasks.suite import SuiteParams, load_suite, write_suite_report, write_task_spec
 
-TAG_TASK = "agentr1.suite.task"
 
 
 class SuiteFailed(RuntimeError):
@@ -39,7 +38,7 @@ def suite(params: SuiteParams = SuiteParams()) -> dict:
     """Run (or resume) every task of the preset and publish the suite table."""
     t0 = time.time()
     spec = load_suite(params)
-    tags = {**flow_tags(), "suite.preset": params.preset, "suite.root": spec.output_dir,
+    tags = {**flow_tags(), tracking.TAG_SUITE_PRESET: params.preset, "suite.root": spec.output_dir,
             tracking.TAG_STUDY: spec.study}
     with tracking.start_run(tracking.EXPERIMENTS["ablation"], run_name("suite"), tags=tags) as run_id:
         tracking.log_params(run_id, {"suite.tasks": ",".join(spec.tasks), "suite.seeds": str(spec.seeds),
@@ -49,7 +48,7 @@ def suite(params: SuiteParams = SuiteParams()) -> dict:
             preset = write_task_spec(spec, name)
             try:
                 out = ablation.with_options(flow_run_name=f"suite-{name}")(AblationParams(preset=str(preset)))
-                tracking.set_tags(out["run_id"], {tracking.MLFLOW_PARENT_RUN_ID: run_id, TAG_TASK: name})
+                tracking.set_tags(out["run_id"], {tracking.MLFLOW_PARENT_RUN_ID: run_id, tracking.TAG_SUITE_TASK: name})
                 rows.append(task_row(name, out["runs"]))
                 task_runs[name] = out["run_id"]
             except Exception as exc:  # noqa: BLE001 - reported with its task; the others go on

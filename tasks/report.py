@@ -6,6 +6,7 @@ artifacts of every run of a flow on the UI's Artifacts page.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -169,6 +170,14 @@ def _ablation_records(parent) -> list[RunRecord]:
     return records
 
 
+def _suite_records(suite) -> list[RunRecord]:
+    """A suite parent run's records: its tasks' ablation runs, each labelled with its task."""
+    query = f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{suite.info.run_id}' and attributes.status = 'FINISHED'"
+    tasks = tracking.client().search_runs([suite.info.experiment_id], query, max_results=tracking.SEARCH_MAX_RESULTS)
+    return [dataclasses.replace(rec, warmup=task.data.tags[tracking.TAG_SUITE_TASK])
+            for task in tasks if tracking.TAG_SUITE_TASK in task.data.tags for rec in _ablation_records(task)]
+
+
 def _pipeline_record(run) -> RunRecord:
     seed = int(run.data.params.get("seed", -1))
     m = run.data.metrics
@@ -204,10 +213,14 @@ def collect_study(study: str | None, run_ids: list[str] | None = None, command: 
     name = study or f"runs-{runs[0].info.run_id[:8]}"
     ablation_id = tracking.client().get_experiment_by_name(tracking.EXPERIMENTS["ablation"])
     is_ablation = ablation_id is not None and all(r.info.experiment_id == ablation_id.experiment_id for r in runs)
-    records = ([rec for parent in runs for rec in _ablation_records(parent)] if is_ablation
-               else [_pipeline_record(r) for r in runs])
+    suites = [r for r in runs if tracking.TAG_SUITE_PRESET in r.data.tags] if is_ablation else []
+    runs = suites or runs  # a suite's study tag is on its run alone (its tasks' are <study>.<task>)
+    kind = "suite" if suites else "ablation" if is_ablation else "pipeline"
+    records = {"suite": lambda: [rec for suite in runs for rec in _suite_records(suite)],
+               "ablation": lambda: [rec for parent in runs for rec in _ablation_records(parent)],
+               "pipeline": lambda: [_pipeline_record(r) for r in runs]}[kind]()
     records.sort(key=lambda r: (variant_order([r.variant]), r.variant, r.warmup, r.seed, r.provenance.run_id))
-    return Study(name, "ablation" if is_ablation else "pipeline", runs[0].data.params.get("eval.split", "test"),
+    return Study(name, kind, runs[0].data.params.get("eval.split", "test"),
                  command or f"agentr1 report --study {name}", records)
 
 
@@ -268,15 +281,22 @@ def import_study(path: str | Path) -> list[str]:
             series = {k: [(int(h["iteration"]), h[k]) for h in rec.history if k in h] for k in HISTORY_METRICS}
             fill(create("pipeline", f"imported-{rec.provenance.run_id[:8]}", rec, {}), rec, metrics, series)
         return made
-    for warmup in sorted({r.warmup for r in study.records}):
+    suite = create("ablation", "imported-suite", None, {tracking.TAG_SUITE_PRESET: study.name}) \
+        if study.kind == "suite" else None
+    for warmup in sorted({r.warmup for r in study.records}):  # a suite's: its tasks
         members = [r for r in study.records if r.warmup == warmup]
-        parent = create("ablation", f"imported-ablation-{len(made)}", None, {TAG_WARMUP_LABEL: warmup})
+        as_task = {tracking.TAG_SUITE_TASK: warmup, tracking.TAG_STUDY: f"{study.name}.{warmup}"} if suite else {}
+        parent = create("ablation", f"imported-ablation-{len(made)}", None, {TAG_WARMUP_LABEL: warmup, **as_task},
+                        suite)
         for rec in members:
             run = create("ablation", f"imported-{rec.variant}-seed{rec.seed}", rec,
-                         {"ablation.variant": rec.variant, "ablation.seed": rec.seed}, parent)
+                         {"ablation.variant": rec.variant, "ablation.seed": rec.seed,
+                          **{k: v for k, v in as_task.items() if k == tracking.TAG_STUDY}}, parent)
             series = {f"curve/{k}": [(int(p["iteration"]), p[k]) for p in rec.curve if k in p] for k in CURVE_METRICS}
             fill(run, rec, _with_prefix(rec.final, "final/"), series)
         c.set_terminated(parent, RunStatus.to_string(RunStatus.FINISHED))
+    if suite:
+        c.set_terminated(suite, RunStatus.to_string(RunStatus.FINISHED))
     return made
 
 

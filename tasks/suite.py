@@ -34,7 +34,8 @@ class SuiteSpec(_Form):
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
     overrides: list[str] = Field(default_factory=list, description="Training overrides for every task, last.")
     output_dir: str = Field("runs/suite/default", description="Suite root; re-running with it resumes.")
-    study: str | None = Field(None, description="Tag the tasks' runs as part of studies <study>/<task>.")
+    study: str | None = Field(None, description="Tag the suite's run with this study (`agentr1 report --study`), "
+                              "each task's ablation with <study>.<task>.")
 
     @field_validator("tasks")
     @classmethod
@@ -54,7 +55,7 @@ class SuiteSpec(_Form):
         body = dict(self.tasks[name])
         raw = {**body, "overrides": [*(body.get("overrides") or []), *self.overrides],
                "variants": list(SUITE_VARIANTS), "seeds": self.seeds, "output_dir": str(Path(self.output_dir) / name),
-               "study": f"{self.study}/{name}" if self.study else None}
+               "study": f"{self.study}.{name}" if self.study else None}
         try:
             return AblationSpec.model_validate(raw)
         except ValidationError as err:

@@ -59,8 +59,8 @@ TINY_TASK = ["sft.episodes=48", "sft.steps=4", "sft.batch_size=8", "sft.warmup_s
 
 
 @pytest.mark.slow
-def test_the_suite_flow_runs_every_task_and_nests_their_runs(prefect_api, tmp_path):
-    from flows.suite import TAG_TASK, suite
+def test_the_suite_flow_runs_every_task_nests_their_runs_and_is_reported(prefect_api, tmp_path, monkeypatch):
+    from flows.suite import suite
 
     tasks = {name: {"base": base, "overrides": [f"data.dir={tmp_path / name}", "data.synth.n_train=48",
                                                 "data.synth.n_dev=4", "data.synth.n_test=8"],
@@ -77,8 +77,24 @@ def test_the_suite_flow_runs_every_task_and_nests_their_runs(prefect_api, tmp_pa
     c = tracking.client()
     experiment = c.get_run(res["run_id"]).info.experiment_id
     kids = c.search_runs([experiment], f"tags.mlflow.parentRunId = '{res['run_id']}'")
-    assert sorted(k.data.tags[TAG_TASK] for k in kids) == ["search", "units"]
-    assert {k.data.tags[tracking.TAG_STUDY] for k in kids} == {"tiny-suite/search", "tiny-suite/units"}
+    assert sorted(k.data.tags[tracking.TAG_SUITE_TASK] for k in kids) == ["search", "units"]
+    assert {k.data.tags[tracking.TAG_STUDY] for k in kids} == {"tiny-suite.search", "tiny-suite.units"}
     grandchildren = c.search_runs([experiment], f"tags.mlflow.parentRunId = '{res['tasks']['units']}'")
     assert sorted(g.data.tags["ablation.variant"] for g in grandchildren) == ["base-tool-call", "ppo"]
     assert "mean_gain/greedy/em" in c.get_run(res["run_id"]).data.metrics
+
+    # The published table: agentr1 report finds the suite by its study, renders it from the export,
+    # and the export imported into another store reports the same records.
+    from agentr1.report import read_export
+    from tasks.report import import_study, write_study_report
+
+    written = write_study_report("tiny-suite", tmp_path / "results")
+    study = read_export(written["export"])
+    assert study.kind == "suite" and sorted({r.warmup for r in study.records}) == ["search", "units"]
+    published = written["markdown"].read_text()
+    assert "| search | 1 |" in published and "| units | 1 |" in published and written["plot"].stat().st_size
+    assert published.count("Mean gain over the 2 tasks") == 1
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'other.db'}")
+    assert len(import_study(written["export"])) == 1 + 2 + 4  # the suite, a parent per task, a run per cell
+    again = write_study_report("tiny-suite", tmp_path / "again")
+    assert read_export(again["export"]).records == study.records
