@@ -74,3 +74,22 @@ def test_a_plugin_with_its_own_data_file_registers_and_is_served_without_its_dat
     with scoring_server(champion) as url:
         status, body = post_questions(url, ["How much is the mug in GBP?"])
     assert status == 200 and body["predictions"][0]["question"] == "How much is the mug in GBP?"
+
+
+def test_the_basket_example_demonstrates_five_calls_copied_from_its_tools(tmp_path):
+    """docs/examples/basket.py: the gold episode looks three prices up in the file its generator
+    wrote and adds them two at a time (five calls, each number copied from an earlier answer);
+    the demonstrator plays it to the right total every time."""
+    from agentr1.config import load_config
+    from agentr1.env.episodes import run_episodes
+    from agentr1.env.registry import resolve
+    from agentr1.trainer import Workspace
+
+    cfg = resolve(load_config("conf/basket.yaml", [f"data.dir={tmp_path / 'data'}", "data.synth.n_train=12",
+                                                   "data.synth.n_dev=2", "data.synth.n_test=2"]))
+    ws = Workspace.build(cfg)
+    assert (tmp_path / "data" / "prices.json").is_file()
+    transcripts = run_episodes(ws.env, ws.env.demonstrator(None, 0), ws.split("train"))
+    assert [(t.metrics["em"], t.metrics["n_calls"]) for t in transcripts] == [(1.0, 5.0)] * 12
+    prices = [float(o) for o in transcripts[0].observations[:3]]
+    assert transcripts[0].observations[4] == f"{sum(prices):.2f}" == ws.split("train")[0].answers[0]
