@@ -20,6 +20,7 @@ import time
 
 from prefect import flow
 
+from agentr1 import errors
 from agentr1.ablation import Job
 from agentr1.report import weights_digest
 from flows.pipeline import run_name
@@ -34,6 +35,7 @@ from tasks.ablation import (
     publish_report,
     shared_warmup,
     spec_params,
+    stop_workers,
     task_runner,
     workers_share_api,
     write_report,
@@ -54,11 +56,16 @@ def run_all(jobs: list[Job], warmup_dir: str, parent_run_id: str, threads: int) 
     hide the others."""
     futures = [(job, ablation_run.submit(job, warmup_dir, parent_run_id, threads)) for job in jobs]
     results, failures = [], []
-    for job, future in futures:
-        try:
-            results.append(future.result())
-        except Exception as exc:  # noqa: BLE001 - reported with the run it belongs to
-            failures.append({"variant": job.variant, "seed": job.seed, "error": repr(exc)[:ERROR_CHARS]})
+    try:
+        for job, future in futures:
+            try:
+                results.append(future.result())
+            except Exception as exc:  # noqa: BLE001 - reported with the run it belongs to
+                failures.append({"variant": job.variant, "seed": job.seed, "error": repr(exc)[:ERROR_CHARS]})
+    except BaseException as exc:
+        if errors.interruption(exc) is not None:  # SIGTERM, Ctrl-C: not after the running jobs end
+            stop_workers()
+        raise
     return results, failures
 
 

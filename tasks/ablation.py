@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -220,6 +221,33 @@ def spec_params(spec: AblationSpec) -> dict:
 
 
 # ----------------------------------------------------------------------------- task runner
+
+
+WORKER_STOP_GRACE_S = 10.0
+"""Seconds a worker gets to end its runs after SIGTERM before it is killed (:func:`stop_workers`)."""
+
+
+def stop_workers(grace_s: float = WORKER_STOP_GRACE_S) -> int:
+    """Stop this process's multiprocessing children (the process runner's workers, a local Dask
+    cluster's) now: SIGTERM, then SIGKILL to those still there after ``grace_s``. A stopped
+    ablation must not wait minutes for the runs in progress (Prefect's runners cancel only the
+    jobs not yet started, and its process pool joins the running ones); a stopped run resumes
+    from its checkpoint, and an MLflow run a kill left RUNNING is ended KILLED by the next start.
+    Returns how many there were."""
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    for p in children:
+        p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in children:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(grace_s)
+    if children:
+        log.warning("stopped %d worker process(es) of the ablation", len(children))
+    return len(children)
 
 
 def task_runner(settings: RunnerSettings):

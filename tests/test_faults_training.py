@@ -454,6 +454,47 @@ def test_sigterm_at_a_stage_ends_the_runs_and_every_child_and_the_rerun_finishes
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
+def test_sigterm_to_an_ablation_stops_its_running_workers_at_once(data_dir, tmp_path):
+    """SIGTERM to `agentr1 ablate` while its process workers train: gone within the bound (not when
+    the runs in progress end: Prefect's process pool would join them), exit status 143, no worker
+    left, the parent MLflow run KILLED."""
+    import psutil
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PREFECT_HOME": str(tmp_path / "prefect"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    env.pop("PREFECT_API_URL", None)
+    root = tmp_path / "ablation"
+
+    def cmd() -> list[str]:  # 60 iterations: half a minute or more per run, stopped after the first
+        o = [f"data.dir={data_dir}", *TINY, "ppo.iterations=60", "ppo.checkpoint_every=1",
+             "eval.max_examples=2", "env.max_turns=2", "env.max_turn_tokens=8", "seeds=[0,1]", "variants=[ppo]",
+             "curve.every=0", "runner.max_workers=2"]
+        return [sys.executable, "-m", "cli", "ablate", "--preset", "quick", "--output-dir", str(root),
+                *[x for i in o for x in ("-o", i)]]
+
+    proc = subprocess.Popen(cmd(), cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    read_until(proc, "for flow 'ablation-runs'", timeout_s=300)
+    deadline = time.monotonic() + 240
+    while not list(root.glob("runs/ppo/seed-*/checkpoints/last")) and time.monotonic() < deadline:
+        time.sleep(1)  # both workers are in their PPO iterations once a checkpoint is written
+    family = psutil.Process(proc.pid).children(recursive=True)
+    assert proc.poll() is None and len(family) >= 3, "no worker processes to stop: the test would prove nothing"
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, rest, _ = finish(proc, timeout_s=120)
+    took = time.monotonic() - start
+    assert proc.returncode == 128 + signal.SIGTERM, rest[-3000:]
+    assert took < STOP_WITHIN_S, took
+    _, alive = psutil.wait_procs(family, timeout=10)  # a worker's last exit may still be under way
+    assert [p.pid for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], "workers left running"
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        statuses = dict(db.execute("select name, status from runs").fetchall())
+    assert any(n.startswith("ablation") and st == "KILLED" for n, st in statuses.items()), statuses
+    print(f"\nSIGTERM to the ablation: gone in {took:.1f} s")  # (resuming: test_ablation.py)
+
+
 # ----------------------------------------------------------------------------- leftovers of a kill -9
 
 DOOMED_FLOW = """
