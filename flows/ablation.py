@@ -15,10 +15,12 @@ resumes unfinished ones from their checkpoints; a root made with another config 
 """
 from __future__ import annotations
 
+import logging
 import shlex
 import time
 
 from prefect import flow
+from prefect.futures import wait
 
 from agentr1 import errors
 from agentr1.ablation import Job
@@ -44,6 +46,8 @@ from tasks.data import prepare_data, validate_data
 from tasks.report import publish_summary
 
 ERROR_CHARS = 400
+PROGRESS_S = 30.0
+log = logging.getLogger("agentr1.flows.ablation")
 
 
 class AblationFailed(RuntimeError):
@@ -57,6 +61,12 @@ def run_all(jobs: list[Job], warmup_dir: str, parent_run_id: str, threads: int) 
     futures = [(job, ablation_run.submit(job, warmup_dir, parent_run_id, threads)) for job in jobs]
     results, failures = [], []
     try:
+        t0, pending = time.monotonic(), [f for _, f in futures]
+        while pending:  # a line every PROGRESS_S: the workers' own logs stay in their processes
+            pending = list(wait(pending, timeout=PROGRESS_S).not_done)
+            if pending:
+                log.info("ablation: %d of %d runs finished, %.1f min", len(jobs) - len(pending), len(jobs),
+                         (time.monotonic() - t0) / 60)
         for job, future in futures:
             try:
                 results.append(future.result())
