@@ -515,6 +515,8 @@ class PPOSession:
         from models.policy import attention_for_precision, load_actor_critic, train_top_layers
 
         self.cfg, self.ws = cfg, ws
+        if cfg.ppo.dev_every:  # before anything is loaded, not at the first evaluation
+            ws.split(cfg.ppo.dev_split)
         out = Path(cfg.output_dir)
         self.last = recover_dir(out / LAST_DIR)  # a kill -9 mid-swap leaves the old checkpoint aside
         resume = self.last.exists()
@@ -986,6 +988,8 @@ def train(cfg: Config, log_metrics: MetricsFn | None = None, stages: tuple[str, 
     if "warmup" in stages:
         check_demonstrable(cfg, ws)
     ws.split(cfg.eval.split)
+    if "ppo" in stages and cfg.ppo.dev_every:
+        ws.split(cfg.ppo.dev_split)
     claim_run_dir(cfg.output_dir)
     seconds: dict[str, float] = {}
     summary: dict = {}

@@ -135,6 +135,15 @@ def test_expert_plays_only_the_demonstrations_the_warm_up_reads():
     assert needed(*pretrained, "sft.value_fit_episodes=0") == 0  # no expert at all
 
 
+def test_a_dev_split_the_data_lacks_is_named_before_anything_is_written(data_dir, tmp_path):
+    from agentr1.data.records import DataError
+
+    cfg = tiny_config(data_dir, tmp_path / "run", "ppo.dev_every=2", "ppo.dev_split=validation")
+    with pytest.raises(DataError, match=r"validation\.jsonl.*no validation split"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()
+
+
 def test_config_errors_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match="ppo.lr"):
         load_config("conf/train.yaml", ["ppo.lr=-1"])
