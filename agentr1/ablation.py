@@ -278,11 +278,11 @@ def run_job(job: Job, ws, warmup_dir: str | Path, log_metrics: MetricsFn | None 
         if session is None:
             return None
         # the run's result is the policy `agentr1 train` would make final/: the best on dev, or the last
-        policy = _load_policy(cfg, ws, selected_policy(cfg)[0]) if cfg.ppo.dev_every else \
+        policy = _load_policy(ws, selected_policy(cfg)[0]) if cfg.ppo.dev_every else \
             (session.policy, session.tokenizer, session.chat)
         engine = None
     else:
-        policy = _load_policy(cfg, ws, WARMUP_DIR)
+        policy = _load_policy(ws, job.run_dir / WARMUP_DIR)
         records = curve_records(ws, job.curve)
         if job.kind == "naive_rag":
             engine = naive_rag_engine(cfg, ws, *policy, [*records, *ws.splits[cfg.eval.split]])

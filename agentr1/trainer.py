@@ -863,12 +863,12 @@ def stage_baselines(cfg: Config, ws: Workspace) -> dict[str, dict[str, float]]:
     return out
 
 
-def _load_policy(cfg: Config, ws: Workspace, name: str | Path):
-    """The policy in ``output_dir/name`` (or at ``name``, an absolute path) with its chat format."""
+def _load_policy(ws: Workspace, path: Path):
+    """The policy saved in ``path`` with its chat format."""
     from models.chat import ChatFormat
     from models.policy import load_actor_critic
 
-    model, tokenizer = load_actor_critic(Path(cfg.output_dir) / name, device=ws.device)
+    model, tokenizer = load_actor_critic(path, device=ws.device)
     return model, tokenizer, ChatFormat(tokenizer, ws.tools)
 
 
@@ -890,7 +890,7 @@ def stage_warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = Non
     """Warm up (unless a finished warm-up of this configuration is there) and evaluate it."""
     if finished_warmup(cfg):
         log.info("reusing the warm-up checkpoint in %s", Path(cfg.output_dir) / WARMUP_DIR)
-        model, tokenizer, chat = _load_policy(cfg, ws, WARMUP_DIR)
+        model, tokenizer, chat = _load_policy(ws, Path(cfg.output_dir) / WARMUP_DIR)
     else:
         model, tokenizer, chat = warmup(cfg, ws, log_metrics)
     return run_eval(cfg, ws, model, tokenizer, chat, "warmup")
@@ -962,7 +962,7 @@ def write_summary(cfg: Config, summary: dict) -> Path:
 def stage_evaluate(cfg: Config, ws: Workspace) -> dict:
     """Evaluate final/: test metrics before (warm-up) and after PPO, for summary.json."""
     out = Path(cfg.output_dir)
-    after = run_eval(cfg, ws, *_load_policy(cfg, ws, FINAL_DIR), "final")
+    after = run_eval(cfg, ws, *_load_policy(ws, out / FINAL_DIR), "final")
     before = json.loads((out / "eval_warmup.json").read_text())
     summary = {"warmup": before, "final": after.metrics, "output_dir": str(out),
                "selected": final_selection(out / FINAL_DIR),

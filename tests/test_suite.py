@@ -3,6 +3,7 @@ end on two tiny tasks (one warm-up and two runs each, nested MLflow runs, one ta
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -67,13 +68,16 @@ def test_the_suite_flow_runs_every_task_nests_their_runs_and_is_reported(prefect
                     "curve": {"every": 2, "split": "dev", "max_examples": 2}, "runner": {"kind": "sequential"}}
              for name, base in (("search", "quick"), ("units", "units"))}
     preset = tmp_path / "suite.yaml"
-    preset.write_text(yaml.safe_dump({"tasks": tasks, "seeds": [0], "overrides": TINY_TASK, "study": "tiny-suite"}))
-    res = suite(SuiteParams(preset=str(preset), output_dir=str(tmp_path / "out")))
+    # With dev selection (each run's result is its best policy on dev) and a relative root, as a user runs it.
+    preset.write_text(yaml.safe_dump({"tasks": tasks, "seeds": [0], "study": "tiny-suite",
+                                      "overrides": [*TINY_TASK, "ppo.dev_every=1", "ppo.dev_examples=2"]}))
+    res = suite(SuiteParams(preset=str(preset), output_dir=os.path.relpath(tmp_path / "out")))
 
     text = Path(res["results_md"]).read_text()
     assert "| search | 1 |" in text and "| units | 1 |" in text and "Mean gain over the 2 tasks" in text
     assert set(res["tasks"]) == {"search", "units"} and all(math.isfinite(g) for g in res["mean_gain"].values())
     assert (tmp_path / "out" / "units.yaml").is_file() and (tmp_path / "out" / "units" / "results.md").is_file()
+    assert (tmp_path / "out" / "units" / "runs" / "ppo" / "seed-0" / "checkpoints" / "best" / "best.json").is_file()
     c = tracking.client()
     experiment = c.get_run(res["run_id"]).info.experiment_id
     kids = c.search_runs([experiment], f"tags.mlflow.parentRunId = '{res['run_id']}'")
