@@ -18,8 +18,10 @@ the episode belongs to. Nothing here changes what is trained or evaluated.
 from __future__ import annotations
 
 import logging
+import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 
 from agentr1.env.protocol import parse_turn
 from agentr1.rollout.engine import Trajectory
@@ -88,6 +90,22 @@ def log_episode(run_id: str | None, experiment_id: str, t: Trajectory, question:
     return root.trace_id
 
 
+@contextmanager
+def _fresh_global_random() -> Iterator[None]:
+    """Python's global ``random`` seeded from the OS inside, and given back as it was after.
+    OpenTelemetry draws MLflow's trace and span ids from it, and the trainer seeds it with the
+    run's seed: two runs with one seed drew the same trace ids, and their episodes merged into one
+    trace in the store. (MLflow's own isolated generator, ``MLFLOW_TRACE_USE_ISOLATED_RANDOM_ID_
+    GENERATOR``, prints an error at every interpreter exit.) Restoring the state keeps tracing from
+    moving anything the run draws afterwards."""
+    state = random.getstate()
+    random.seed()
+    try:
+        yield
+    finally:
+        random.setstate(state)
+
+
 def log_episodes(run_id: str, trajectories: Iterable[Trajectory], questions: Mapping[str, str], limit: int,
                  tags: Mapping[str, str]) -> list[str]:
     """The first ``limit`` episodes as traces of ``run_id``; returns their trace ids. A failure
@@ -99,12 +117,13 @@ def log_episodes(run_id: str, trajectories: Iterable[Trajectory], questions: Map
     experiment_id = tracking.client().get_run(run_id).info.experiment_id
     ids = []
     t0 = time.perf_counter()
-    for t in list(trajectories)[:limit]:
-        try:
-            ids.append(log_episode(run_id, experiment_id, t, questions.get(t.record_id, ""), tags))
-        except Exception as err:  # noqa: BLE001 - see the docstring
-            log.warning("run %s: episode %s not recorded as a trace: %s: %s", run_id, t.record_id,
-                        type(err).__name__, err)
+    with _fresh_global_random():
+        for t in list(trajectories)[:limit]:
+            try:
+                ids.append(log_episode(run_id, experiment_id, t, questions.get(t.record_id, ""), tags))
+            except Exception as err:  # noqa: BLE001 - see the docstring
+                log.warning("run %s: episode %s not recorded as a trace: %s: %s", run_id, t.record_id,
+                            type(err).__name__, err)
     mlflow.flush_trace_async_logging()
     log.debug("%d traces in %.2fs", len(ids), time.perf_counter() - t0)
     return ids

@@ -64,3 +64,19 @@ def test_no_traces_when_the_limit_is_zero():
         pass
     assert traces.log_episodes(run.info.run_id, [_episode("q", [format_answer("a")], [], 1.0)], {}, 0, {}) == []
     assert mlflow.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id, return_type="list") == []
+
+
+def test_a_seeded_run_does_not_reuse_another_runs_trace_ids():
+    """The trainer seeds Python's global `random` (every run with the same seed, the same state):
+    trace ids drawn from it would repeat across runs and merge two episodes into one trace."""
+    import random
+
+    ids = []
+    for _ in range(2):
+        with mlflow.start_run(experiment_id=tracking.experiment_id("traces-test")) as run:
+            pass
+        random.seed(0)
+        ids += traces.log_episodes(run.info.run_id, [_episode("q1", [format_answer("x")], [], 1.0)], {}, limit=1,
+                                   tags={traces.TAG_KIND: "evaluation"})
+        assert random.random() == random.Random(0).random(), "tracing moved the run's own random draws"
+    assert len(ids) == 2 and ids[0] != ids[1]
