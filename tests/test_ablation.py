@@ -31,7 +31,8 @@ from agentr1.ablation import (
 )
 from agentr1.config import ConfigError
 from tasks import tracking
-from tasks.ablation import AblationParams, RunnerSettings, base_config, load_spec, plan, task_runner
+from tasks.ablation import ABLATION_CONF, AblationParams, RunnerSettings, base_config, load_spec, plan, task_runner
+from tasks.params import REPO_ROOT
 
 # A tiny ablation: two RL variants and a baseline, two seeds, 2 PPO iterations, short episodes.
 TINY_ABLATION = [*TINY, "ppo.iterations=2", "eval.max_examples=4", "env.max_turns=2", "env.max_turn_tokens=8",
@@ -102,8 +103,8 @@ def test_overrides_go_to_the_spec_or_to_the_training_config(tmp_path):
         base_config(load_spec("quick", ["ppo.lr=-1"]))
     with pytest.raises(FileNotFoundError, match="quick"):
         load_spec("nope")
-    for preset in ("quick", "default", "hotpotqa", "qwen2.5-3b"):  # every shipped preset plans
-        spec = load_spec(preset)
+    for path in sorted((REPO_ROOT / ABLATION_CONF).glob("*.yaml")):  # every shipped preset plans
+        spec = load_spec(path.stem)
         assert len(plan(spec, base_config(spec))) == len(spec.variants) * len(spec.seeds)
 
 
