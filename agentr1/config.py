@@ -273,11 +273,13 @@ class PPOConfig(_Section):
     or ``auto``: bf16 only where the device has it natively (a GPU, a CPU with AMX or AVX-512 BF16;
     ``agentr1.trainer.native_bf16``), since emulated bf16 is far slower than fp32."""
     checkpoint_every: int = Field(10, ge=0)
-    dev_every: int = Field(0, ge=0)
+    dev_every: int = Field(5, ge=0)
     """Evaluate on ``dev_split`` (greedy and sampled, its first ``dev_examples``) before the first
     iteration and every this many, and at the last: the best policy by ``dev_metric`` is kept in
     ``checkpoints/best`` and becomes the run's ``final/`` (the warm-up's when PPO never beat it on
-    dev). 0: no dev evaluation; ``final/`` is the last policy."""
+    dev). 0: no dev evaluation; ``final/`` is the last policy. On by default since the task suite
+    measured it (docs/experiments/2026-12-02-suite.md): without it PPO ended below the warm-up on
+    two of five tasks; with it on none. Dev episodes use their own seeds: training is the same."""
     dev_split: str = "dev"
     dev_examples: int | None = Field(100, ge=1)
     dev_metric: Literal["greedy/em", "sampled/em", "em"] = "em"
@@ -302,7 +304,7 @@ class PPOConfig(_Section):
         if self.episodes_per_iter % self.group_size:
             raise ValueError("ppo.episodes_per_iter must be a multiple of ppo.group_size")
         if self.dev_patience and not self.dev_every:
-            raise ValueError("ppo.dev_patience counts dev evaluations: set ppo.dev_every too")
+            raise ValueError("ppo.dev_patience counts dev evaluations: set ppo.dev_every above 0")
         if self.kl_target is not None and self.kl_coef == 0:
             raise ValueError("ppo.kl_target adapts ppo.kl_coef multiplicatively: it needs ppo.kl_coef > 0")
         return self

@@ -500,6 +500,19 @@ def share_frozen_layers(model, ref_model, ref_dir: Path) -> None:
     ref_model.frozen_layers = k
 
 
+def check_dev_split(cfg: Config, ws: Workspace) -> None:
+    """With ``ppo.dev_every`` (on by default), the dataset must have ``ppo.dev_split``: a
+    :class:`DataError` naming the missing file and both ways out."""
+    if not cfg.ppo.dev_every:
+        return
+    try:
+        ws.split(cfg.ppo.dev_split)
+    except DataError as err:
+        raise DataError(err.path, None, None, f"{err.message}; PPO keeps its best policy on this split "
+                        f"(ppo.dev_every={cfg.ppo.dev_every}): add the file, name another split with "
+                        f"ppo.dev_split=..., or train without it with ppo.dev_every=0") from None
+
+
 class PPOSession:
     """The state of a PPO run between iterations, opened from disk and saved back.
 
@@ -515,8 +528,7 @@ class PPOSession:
         from models.policy import attention_for_precision, load_actor_critic, train_top_layers
 
         self.cfg, self.ws = cfg, ws
-        if cfg.ppo.dev_every:  # before anything is loaded, not at the first evaluation
-            ws.split(cfg.ppo.dev_split)
+        check_dev_split(cfg, ws)  # before anything is loaded, not at the first evaluation
         out = Path(cfg.output_dir)
         self.last = recover_dir(out / LAST_DIR)  # a kill -9 mid-swap leaves the old checkpoint aside
         resume = self.last.exists()
@@ -988,8 +1000,8 @@ def train(cfg: Config, log_metrics: MetricsFn | None = None, stages: tuple[str, 
     if "warmup" in stages:
         check_demonstrable(cfg, ws)
     ws.split(cfg.eval.split)
-    if "ppo" in stages and cfg.ppo.dev_every:
-        ws.split(cfg.ppo.dev_split)
+    if "ppo" in stages:
+        check_dev_split(cfg, ws)
     claim_run_dir(cfg.output_dir)
     seconds: dict[str, float] = {}
     summary: dict = {}

@@ -52,6 +52,6 @@ def test_dev_patience_counts_evaluations_without_a_better_score_from_the_warm_up
 
 def test_the_steering_options_are_checked_together():
     with pytest.raises(ValueError, match="dev_patience"):
-        PPOConfig(dev_patience=2)
+        PPOConfig(dev_patience=2, dev_every=0)
     with pytest.raises(ValueError, match="kl_target"):
         PPOConfig(kl_target=0.01, kl_coef=0.0)

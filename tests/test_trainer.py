@@ -138,8 +138,8 @@ def test_expert_plays_only_the_demonstrations_the_warm_up_reads():
 def test_a_dev_split_the_data_lacks_is_named_before_anything_is_written(data_dir, tmp_path):
     from agentr1.data.records import DataError
 
-    cfg = tiny_config(data_dir, tmp_path / "run", "ppo.dev_every=2", "ppo.dev_split=validation")
-    with pytest.raises(DataError, match=r"validation\.jsonl.*no validation split"):
+    cfg = tiny_config(data_dir, tmp_path / "run", "ppo.dev_split=validation")  # ppo.dev_every is on by default
+    with pytest.raises(DataError, match=r"validation\.jsonl.*no validation split.*ppo\.dev_every=0"):
         train(cfg)
     assert not (tmp_path / "run").exists()
 
@@ -225,6 +225,22 @@ def test_dev_selection_adaptive_kl_and_lr_warm_up_resume_exactly(data_dir, tmp_p
     assert best_a == best_b
     assert best_a["score"] >= max(h["dev/score"] for h in hist_a if "dev/score" in h)
     assert best_a["iteration"] in (0, 2, 4)
+
+
+def test_dev_evaluations_leave_the_training_as_it_was(data_dir, tmp_path):
+    """Dev selection is on by default, so it must not change what PPO learns: its episodes have
+    their own seeds, and the last policy is the same with or without the evaluations."""
+    plain = tiny_config(data_dir, tmp_path / "plain", "ppo.dev_every=0", "ppo.iterations=2")
+    ws = Workspace.build(plain)
+    warmup(plain, ws)
+    model_a, _, _, hist_a = train_ppo(plain, ws)
+    dev = tiny_config(data_dir, tmp_path / "dev", "ppo.dev_every=1", "ppo.dev_examples=4", "ppo.iterations=2")
+    shutil.copytree(tmp_path / "plain" / "warmup", tmp_path / "dev" / "warmup")
+    model_b, _, _, hist_b = train_ppo(dev, ws)
+    a, b = params(model_a), params(model_b)
+    assert all(torch.equal(a[k], b[k]) for k in a), "dev evaluations changed the trained weights"
+    assert [h["iteration"] for h in hist_b if "dev/score" in h] == [1.0, 2.0]
+    assert not any("dev/score" in h for h in hist_a)
 
 
 @pytest.mark.slow
