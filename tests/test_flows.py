@@ -351,7 +351,9 @@ def test_corrupted_rollout_batch_stops_before_the_update(prefect_api, data_dir, 
     assert type(error).__name__ == "ValidationFailed"
     report = artifacts_of(flow_run_id)["rollout-validation-report"]
     assert "outcome_reward" in report and "action_mask" in report and "iter-0001.parquet row 1" in report
-    assert not (run / "checkpoints").exists() and not (run / "final").exists()
+    # No PPO checkpoint and no final policy; only the warm-up's dev score, as the best so far.
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best"] and not (run / "final").exists()
+    assert json.loads((run / "checkpoints/best/best.json").read_text())["iteration"] == 0
     assert registry_state() == before
 
 
