@@ -179,6 +179,19 @@ class Claim:
     difference: float
     yardstick: float
     """The larger of the two variants' standard deviations over all their runs."""
+    paired: tuple[float, ...] = ()
+    """``better`` minus ``worse`` in each (warm-up, PPO seed) cell both ran: the same warm-up and
+    the same seed, so the warm-ups' spread, which the yardstick carries, cancels out."""
+
+    @property
+    def paired_cell(self) -> str:
+        """Mean ± std of the paired differences and how many favour ``better``, e.g.
+        ``+0.045 ± 0.017 (6/6)``; n/a without pairs."""
+        if not self.paired:
+            return "n/a"
+        mean, sd = mean_std(list(self.paired))
+        sd_text = "" if math.isnan(sd) else f" ± {sd:.3f}"
+        return f"{mean:+.3f}{sd_text} ({sum(d > TIE for d in self.paired)}/{len(self.paired)})"
 
     @property
     def verdict(self) -> str:
@@ -201,15 +214,19 @@ def ordering(records: list[RunRecord], key: str = "greedy/em",
         a, b = spread(grid(records, better, key)), spread(grid(records, worse, key))
         known = [s.overall for s in (a, b) if not math.isnan(s.overall)]
         yard = max(known) if known else math.nan
-        claims.append(Claim(better, worse, key, a.mean - b.mean, yard))
+        cells = {(r.warmup, r.seed): r.final[key] for r in records if r.variant == worse and key in r.final}
+        paired = tuple(r.final[key] - cells[(r.warmup, r.seed)] for r in records
+                       if r.variant == better and key in r.final and (r.warmup, r.seed) in cells)
+        claims.append(Claim(better, worse, key, a.mean - b.mean, yard, paired))
     return claims
 
 
 def ordering_markdown(claims: list[Claim]) -> str:
-    lines = ["| claim | difference of means | larger std | verdict |", "|---|---:|---:|---|"]
+    lines = ["| claim | difference of means | larger std | verdict | paired difference (cells better) |",
+             "|---|---:|---:|---|---:|"]
     for c in claims:
         lines.append(f"| `{c.better}` > `{c.worse}` ({c.key}) | {_num(c.difference)} | {_num(c.yardstick)} "
-                     f"| {c.verdict} |")
+                     f"| {c.verdict} | {c.paired_cell} |")
     return "\n".join(lines)
 
 
@@ -447,7 +464,9 @@ def render_study(study: Study, out_dir: str | Path, include: Iterable[str | Path
                   "over the warm-ups (n/a: one warm-up, or one seed).", "",
                   "The paper's ordering, on greedy and sampled EM (a claim holds *beyond one standard deviation* "
                   "when the difference of means exceeds the larger of the two variants' standard deviations "
-                  "over all their runs):", "",
+                  "over all their runs; the *paired difference* is the mean ± std, over the (warm-up, PPO seed) "
+                  "cells both variants ran, of the one minus the other from the same warm-up and seed, with how "
+                  "many cells favour the first):", "",
                   ordering_markdown([c for key in HEADLINE_KEYS for c in ordering(records, key)]), "",
                   speed_claim(records), ""]
     elif study.kind == "suite":

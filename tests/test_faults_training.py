@@ -163,7 +163,8 @@ def test_a_corrupt_batch_stops_agentr1_train_before_its_update(data_dir, warm, t
                  *sum((["-o", o] for o in overrides(data_dir, out, "ppo.iterations=2")), [])])
     assert code == EXIT_TRAINING_FAILED
     assert "PPO iteration 1: 1 rollout rule violation" in capsys.readouterr().err
-    assert not (out / "checkpoints").exists() and not (out / "final").exists()
+    # no PPO checkpoint, no final policy: only the warm-up's dev score, kept as the best so far
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["best"] and not (out / "final").exists()
 
 
 # ----------------------------------------------------------------------------- run directories
@@ -307,7 +308,7 @@ def test_resume_from_either_side_of_an_interrupted_checkpoint_swap(data_dir, war
     _swap_interrupted_between_renames(two / LAST_DIR)  # the swap to iteration 3's checkpoint died
     resumed = params(train_ppo(cfg2, ws)[0])
     assert all(torch.equal(reference[k], resumed[k]) for k in reference)
-    assert not [p for p in (two / "checkpoints").iterdir() if p.name != "last"]
+    assert sorted(p.name for p in (two / "checkpoints").iterdir()) == ["best", "last"]  # nothing half-swapped left
 
 
 # ----------------------------------------------------------------------------- kill -9
@@ -345,7 +346,7 @@ def test_kill_9_during_ppo_then_the_same_command_ends_bit_identical(data_dir, wa
     a = load_file(whole / "final" / "model.safetensors")
     b = load_file(killed / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert [p.name for p in (killed / "checkpoints").iterdir()] == ["last"]
+    assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["best", "last"]
 
 
 # ----------------------------------------------------------------------------- the pipeline

@@ -13,8 +13,8 @@ import pytest
 from test_ablation import TINY_ABLATION
 
 from agentr1.ablation import FULL
-from agentr1.report import (Claim, Provenance, RunRecord, ablation_table, baselines_table, ordering, pipeline_table,
-                            provenance_markdown, provenance_summary, spread, weights_digest)
+from agentr1.report import (Claim, Provenance, RunRecord, ablation_table, baselines_table, ordering, ordering_markdown,
+                            pipeline_table, provenance_markdown, provenance_summary, spread, weights_digest)
 from tasks import tracking
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +53,13 @@ def test_the_papers_claims_hold_beyond_within_or_not():
     assert Claim("x", "y", "greedy/em", -0.1, 0.05).verdict == "does not hold (reversed)"
     assert Claim("x", "y", "greedy/em", 0.818 - 0.818, 0.02).verdict == "does not hold (equal means)"
     assert Claim("x", "y", "greedy/em", 1 / 1200, 0.02).verdict == "holds, within one standard deviation"
+    # paired over the (warm-up, seed) cells both ran: full - no-adv-mask = 0.40, -0.28, 0.09, 0.06 (mean 0.0675)
+    paired = claims[FULL, "ppo-no-adv-mask"]
+    assert paired.paired == pytest.approx((0.40, -0.28, 0.09, 0.06))
+    assert paired.paired_cell == f"+0.067 ± {statistics.stdev([0.40, -0.28, 0.09, 0.06]):.3f} (3/4)"
+    assert claims["ppo-no-adv-mask", "ppo-no-masks"].paired_cell == "n/a"
+    assert "| 0.200 | 0.026 | holds beyond one standard deviation | +0.200 ± 0.000 (4/4) |" in ordering_markdown(
+        [claims[FULL, OUTCOME]])
     table = ablation_table(recs)
     assert f"(`{FULL}`) | 2 x 2/2 | **0.630** | 0.028 | 0.014 |" in table
 
