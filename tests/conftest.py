@@ -56,3 +56,23 @@ def rollout_world(tmp_path_factory) -> dict:
     texts += ['<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>'] * 50
     tok = build_tokenizer(texts, vocab_size=600)
     return {"splits": splits, "env": env, "tok": tok, "chat": ChatFormat(tok, None)}
+
+
+@pytest.fixture
+def registry_restored():
+    """The environment/tool registry and the loaded plug-in modules as they were before the test:
+    a plug-in's registrations would outlive it, and a later test that expects its kind to be
+    unknown (or loads it again, which a cached module skips) would see them."""
+    import sys
+
+    from agentr1.env import registry
+
+    envs, tools, modules = dict(registry._ENVS), dict(registry._TOOLS), set(sys.modules)
+    yield
+    registry._ENVS.clear()
+    registry._ENVS.update(envs)
+    registry._TOOLS.clear()
+    registry._TOOLS.update(tools)
+    for name in set(sys.modules) - modules:
+        if name.startswith("agentr1_plugin_"):
+            del sys.modules[name]

@@ -89,7 +89,7 @@ def test_variants_differ_only_in_their_switches_and_share_the_budget(tmp_path):
         assert d["env"] == base["env"] and d["model"] == base["model"]
 
 
-def test_overrides_go_to_the_spec_or_to_the_training_config(tmp_path):
+def test_overrides_go_to_the_spec_or_to_the_training_config(tmp_path, registry_restored):
     spec = load_spec("quick", ["seeds=[3,4,5]", "runner.max_workers=1", "ppo.iterations=7", "data.dir=elsewhere"],
                      output_dir=str(tmp_path))
     assert spec.seeds == [3, 4, 5] and spec.runner.max_workers == 1 and spec.output_dir == str(tmp_path)

@@ -261,19 +261,6 @@ def test_each_environment_kind_has_its_own_registered_model():
     assert qualified_ref("models:/agentr1-policy@champion", other) == "models:/agentr1-policy@champion"
 
 
-@pytest.fixture
-def registry_restored():
-    """The registry as it was before the test (a plug-in's registrations would outlive it)."""
-    from agentr1.env import registry
-
-    envs, tools = dict(registry._ENVS), dict(registry._TOOLS)
-    yield
-    registry._ENVS.clear()
-    registry._ENVS.update(envs)
-    registry._TOOLS.clear()
-    registry._TOOLS.update(tools)
-
-
 def test_a_plugin_names_its_failing_line_and_a_replaced_tool_is_said(tmp_path, caplog, registry_restored):
     """A plug-in that fails at import names its own file and line; one that registers a tool under
     a registered name warns (the built-in sql tool would be silently replaced); a factory needs
