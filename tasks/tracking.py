@@ -169,7 +169,62 @@ def _client(uri: str) -> MlflowClient:
         c = MlflowClient(tracking_uri=uri)
         c.search_experiments(max_results=1)
         c.search_registered_models(max_results=1)
+    for store in (c._tracking_client.store, c._get_registry_client().store):
+        _hold_signals_in_sessions(store)
     return c
+
+
+TERMINATING_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_held_depth = 0  # main thread only: signals_held inside signals_held holds nothing more
+
+
+@contextmanager
+def signals_held(signums: tuple[int, ...] = TERMINATING_SIGNALS) -> Iterator[None]:
+    """Hold ``signums`` while the body runs in the main thread, then act on the first that came.
+
+    Python runs a signal's handler between two bytecodes of the main thread. A handler that
+    raises (Ctrl-C's KeyboardInterrupt, :class:`Terminated`, Prefect's ``TerminationSignal``)
+    inside SQLAlchemy's commit or connection clean-up left a SQLite connection holding the write
+    lock, and the run's own end then failed "database is locked" (1 SIGTERM in 3 at the first PPO
+    iteration's metrics). Held, a write to the store completes (milliseconds) and the signal
+    acts right after it, through the handler that was in place. Only handlers written in Python
+    are held: an ignored signal stays ignored, a default one still ends the process. In any
+    other thread the body just runs (handlers run in the main thread only)."""
+    global _held_depth
+    if threading.current_thread() is not threading.main_thread() or _held_depth:
+        yield
+        return
+    came: list[tuple[int, Any]] = []
+    previous = {s: signal.getsignal(s) for s in signums}
+    held = {s: h for s, h in previous.items() if callable(h)}
+    for s in held:
+        signal.signal(s, lambda signum, frame: came.append((signum, frame)))
+    _held_depth += 1
+    try:
+        yield
+    finally:
+        _held_depth -= 1
+        for s, h in held.items():
+            signal.signal(s, h)
+        if came:
+            signum, frame = came[0]
+            held[signum](signum, frame)
+
+
+def _hold_signals_in_sessions(store) -> None:
+    """Make every database session of an MLflow SQL store (MLflow caches one per URI, its fluent
+    API included) run under :func:`signals_held`. Other stores (a tracking server) have none."""
+    open_session = getattr(store, "ManagedSessionMaker", None)
+    if open_session is None or getattr(open_session, "agentr1_signals_held", False):
+        return
+
+    @contextmanager
+    def held_session(*args, **kwargs):
+        with signals_held(), open_session(*args, **kwargs) as session:
+            yield session
+
+    held_session.agentr1_signals_held = True
+    store.ManagedSessionMaker = held_session
 
 
 def sqlite_path(uri: str) -> Path | None:

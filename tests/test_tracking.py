@@ -98,6 +98,47 @@ def test_a_run_stopped_by_a_signal_ends_killed_even_when_unwinding_it_failed():
     assert (stopped(False), stopped(True)) == ("KILLED", "KILLED")
 
 
+def test_sigterm_during_a_store_write_acts_after_it_and_the_run_still_ends_killed():
+    """A SIGTERM that lands inside a write to the store (here: right in the session that logs a
+    metric) is acted on once the write has committed: the metric is there, the run's end is not
+    refused with "database is locked" (what an interrupted commit's connection left behind: CI,
+    1 in 3 SIGTERMs at the first PPO iteration), and the run ends KILLED."""
+    import signal
+
+    store = tr.client()._tracking_client.store
+    reached = []
+    with pytest.raises(tr.Terminated), tr.start_run(EXP, "terminated-mid-write") as run_id:
+        with store.ManagedSessionMaker(read_only=False):
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler would raise at the next bytecode
+            time.sleep(0.05)
+            reached.append(True)
+        reached.append(False)  # not reached: the held SIGTERM acts as the session closes
+    assert reached == [True]
+    assert _run(run_id).info.status == "KILLED"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_signals_are_held_only_in_the_main_thread_and_never_twice():
+    import signal
+
+    seen = {}
+
+    def in_thread():
+        with tr.signals_held():
+            seen["thread"] = signal.getsignal(signal.SIGINT)
+
+    t = threading.Thread(target=in_thread)
+    t.start()
+    t.join()
+    assert seen["thread"] is signal.default_int_handler
+    with tr.signals_held():
+        outer = signal.getsignal(signal.SIGINT)
+        with tr.signals_held():
+            assert signal.getsignal(signal.SIGINT) is outer
+        assert outer is not signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_git_commit_is_none_outside_a_repo(tmp_path):
     assert tr.git_commit(tmp_path) is None
 
