@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_faults_registry import finish, read_until
+from test_faults_registry import finish, kill_family, read_until
 from test_flows import warm_dir as flows_warm  # noqa: F401  (a fixture: the flows' warm-up, on data_dir)
 from test_trainer import TINY, params
 
@@ -441,16 +441,28 @@ def test_sigterm_at_a_stage_ends_the_runs_and_every_child_and_the_rerun_finishes
     print(f"\nSIGTERM at {stage}: gone in {took:.1f} s")
     if stage == "evaluation":  # its rerun would only evaluate the final policy again (CI time)
         return
-    # The same command resumes (the warm-up again, or PPO from its last checkpoint) and finishes ...
-    done = subprocess.run(_pipeline_cmd(data_dir, out), cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert (out / "final" / "model.safetensors").is_file()
-    if stage != "ppo":
-        return
-    # ... and stopped in PPO, with the weights of a run never stopped.
-    whole = tmp_path / "whole"
-    subprocess.run(_pipeline_cmd(data_dir, whole), cwd=REPO, env=env, check=True, capture_output=True, timeout=600)
+    # Stopped in PPO, the rerun must end with the weights of a run never stopped: that run goes on
+    # beside the rerun (one thread each), with a store and a Prefect home of its own.
+    whole, whole_log = tmp_path / "whole", tmp_path / "whole.log"
+    never_stopped = None
+    if stage == "ppo":
+        with open(whole_log, "w") as log_file:
+            never_stopped = subprocess.Popen(
+                _pipeline_cmd(data_dir, whole), cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT,
+                env={**env, "PREFECT_HOME": str(tmp_path / "whole-prefect"),
+                     "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'whole.db'}"})
+    try:  # the same command resumes (the warm-up again, or PPO from its last checkpoint) and finishes
+        done = subprocess.run(_pipeline_cmd(data_dir, out), cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert (out / "final" / "model.safetensors").is_file()
+        if never_stopped is None:
+            return
+        finish(never_stopped, timeout_s=600)
+    finally:
+        if never_stopped is not None and never_stopped.poll() is None:
+            kill_family(never_stopped)
+    assert never_stopped.returncode == 0, whole_log.read_text()[-3000:]
     a, b = (load_file(d / "final" / "model.safetensors") for d in (whole, out))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
