@@ -84,6 +84,9 @@ class _Form(BaseModel):
 
 
 RunnerKind = Literal["process", "sequential", "dask"]
+JudgedPolicy = Literal["last", "recipe"]
+LAST_POLICY = ("ppo.dev_every=0",)
+"""The training overrides of ``policy: last``, before the preset's own (which may still set it)."""
 RUNNER_KINDS = get_args(RunnerKind)
 # Kinds that once were, with why they went: an old preset gets the reason, not just the list.
 REMOVED_KINDS = {"ray": "prefect-ray (a 79 MB ray wheel and 13 more packages) was never run by a test; for a "
@@ -137,6 +140,10 @@ class AblationSpec(_Form):
     output_dir: str = Field("runs/ablation/default", description="Ablation root; re-running with it resumes.")
     study: str | None = Field(None, description="Tag the flow's runs as part of this study (`agentr1 report "
                               "--study`): one flow run per warm-up, the same study name.")
+    policy: JudgedPolicy = Field("last", description="The policy each run is judged by: 'last' (PPO's last: what "
+                                 "the variant learned; selection on dev would hide a variant that unlearns behind "
+                                 "its warm-up; sets ppo.dev_every=0) or 'recipe' (what the training config does: "
+                                 "its best on dev with ppo.dev_every).")
 
     @field_validator("variants")
     @classmethod
@@ -205,7 +212,8 @@ def load_spec(preset: str = DEFAULT_PRESET, overrides: list[str] | None = None,
 
 def base_config(spec: AblationSpec) -> Config:
     """The training config every variant derives from (``output_dir`` = the ablation root)."""
-    return resolve(load_config(preset_path(spec.base), [*spec.overrides, f"output_dir={spec.output_dir}"]))
+    first = LAST_POLICY if spec.policy == "last" else ()
+    return resolve(load_config(preset_path(spec.base), [*first, *spec.overrides, f"output_dir={spec.output_dir}"]))
 
 
 def plan(spec: AblationSpec, cfg: Config) -> list[Job]:

@@ -23,7 +23,7 @@ from tasks.ablation import AblationParams, AblationSpec, _Form, spec_path
 
 SUITE_CONF = Path("conf") / "suite"
 DEFAULT_SUITE = "default"
-SET_BY_SUITE = ("variants", "seeds", "output_dir", "study")
+SET_BY_SUITE = ("variants", "seeds", "output_dir", "study", "policy")
 REPORT_FILES = ("results.md", "results.csv", "suite.json")
 
 
@@ -51,11 +51,12 @@ class SuiteSpec(_Form):
         return tasks
 
     def task_spec(self, name: str) -> AblationSpec:
-        """Task ``name``'s ablation: its body, the suite's two variants and seeds, its own root."""
+        """Task ``name``'s ablation: its body, the suite's two variants and seeds, its own root, and
+        each run judged by the recipe's own final policy (the best on dev where the config selects)."""
         body = dict(self.tasks[name])
         raw = {**body, "overrides": [*(body.get("overrides") or []), *self.overrides],
                "variants": list(SUITE_VARIANTS), "seeds": self.seeds, "output_dir": str(Path(self.output_dir) / name),
-               "study": f"{self.study}.{name}" if self.study else None}
+               "study": f"{self.study}.{name}" if self.study else None, "policy": "recipe"}
         try:
             return AblationSpec.model_validate(raw)
         except ValidationError as err:

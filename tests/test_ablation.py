@@ -29,10 +29,10 @@ from agentr1.ablation import (
     run_job,
     summarize,
 )
-from agentr1.config import ConfigError
+from agentr1.config import ConfigError, load_config
 from tasks import tracking
 from tasks.ablation import ABLATION_CONF, AblationParams, RunnerSettings, base_config, load_spec, plan, task_runner
-from tasks.params import REPO_ROOT
+from tasks.params import REPO_ROOT, preset_path
 
 # A tiny ablation: two RL variants and a baseline, two seeds, 2 PPO iterations, short episodes.
 TINY_ABLATION = [*TINY, "ppo.iterations=2", "eval.max_examples=4", "env.max_turns=2", "env.max_turn_tokens=8",
@@ -105,7 +105,11 @@ def test_overrides_go_to_the_spec_or_to_the_training_config(tmp_path, registry_r
         load_spec("nope")
     for path in sorted((REPO_ROOT / ABLATION_CONF).glob("*.yaml")):  # every shipped preset plans
         spec = load_spec(path.stem)
-        assert len(plan(spec, base_config(spec))) == len(spec.variants) * len(spec.seeds)
+        jobs = plan(spec, base_config(spec))
+        assert len(jobs) == len(spec.variants) * len(spec.seeds)
+        assert spec.policy == "last" and {j.cfg.ppo.dev_every for j in jobs} == {0}, path  # what each variant learned
+    recipe = base_config(load_spec("quick", ["policy=recipe"]))  # the preset's own selection, as `train` runs it
+    assert recipe.ppo.dev_every == load_config(preset_path("quick")).ppo.dev_every > 0
 
 
 def test_task_runner_kinds():

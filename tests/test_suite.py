@@ -12,6 +12,7 @@ import yaml
 from agentr1.config import ConfigError
 from agentr1.suite import suite_markdown, task_row
 from tasks import tracking
+from tasks.ablation import base_config
 from tasks.suite import SuiteParams, load_suite
 
 
@@ -40,11 +41,12 @@ def test_a_task_without_its_warm_up_or_recipe_run_is_an_error():
         task_row("shop", [run("base-tool-call", 0, 0.5, 0.4)])
 
 
-def test_the_suite_sets_variants_seeds_and_roots_and_checks_every_task(tmp_path):
+def test_the_suite_sets_variants_seeds_and_roots_and_checks_every_task(tmp_path, registry_restored):
     spec = load_suite(SuiteParams(overrides=["seeds=[0]", "ppo.iterations=2"], output_dir=str(tmp_path)))
     shop = spec.task_spec("shop")
     assert shop.variants == ["base-tool-call", "ppo"] and shop.seeds == [0]
     assert shop.output_dir == str(tmp_path / "shop") and shop.overrides[-1] == "ppo.iterations=2"
+    assert shop.policy == "recipe" and base_config(shop).ppo.dev_every == 5  # the recipe as a user gets it
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"tasks": {"shop": {"base": "shop", "seeds": [1]}}}))
     with pytest.raises(ConfigError, match="set by the suite"):
