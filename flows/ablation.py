@@ -74,7 +74,7 @@ def run_all(jobs: list[Job], warmup_dir: str, parent_run_id: str, threads: int) 
                 failures.append({"variant": job.variant, "seed": job.seed, "error": repr(exc)[:ERROR_CHARS]})
     except BaseException as exc:
         if errors.interruption(exc) is not None:  # SIGTERM, Ctrl-C: not after the running jobs end
-            stop_workers()
+            stop_workers([f for _, f in futures])
         raise
     return results, failures
 

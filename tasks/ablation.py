@@ -30,6 +30,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from agentr1 import errors
 from agentr1.ablation import (
     CURVE_KEYS,
     FINAL_TAG,
@@ -235,19 +236,26 @@ WORKER_STOP_GRACE_S = 10.0
 """Seconds a worker gets to end its runs after SIGTERM before it is killed (:func:`stop_workers`)."""
 
 
-def stop_workers(grace_s: float = WORKER_STOP_GRACE_S) -> int:
+def stop_workers(runs: list | None = None, grace_s: float = WORKER_STOP_GRACE_S) -> int:
     """Stop this process's multiprocessing children (the process runner's workers, a local Dask
-    cluster's) now: SIGTERM, then SIGKILL to those still there after ``grace_s``. A stopped
-    ablation must not wait minutes for the runs in progress (Prefect's runners cancel only the
-    jobs not yet started, and its process pool joins the running ones); a stopped run resumes
-    from its checkpoint, and an MLflow run a kill left RUNNING is ended KILLED by the next start.
+    cluster's) now: SIGTERM, which unwinds each one's run (ended KILLED) in about a second; once
+    the ``runs`` in progress (their Prefect futures) have reported that, or ``grace_s`` has passed,
+    SIGKILL to the workers still there. A stopped ablation must not wait minutes for the runs in
+    progress (Prefect's runners cancel only the jobs not yet started, and its process pool joins
+    the running ones), nor for the workers' own exit (a worker that imported torch and vLLM took
+    6-8 s to tear its interpreter down on a busy machine). A stopped run resumes from its
+    checkpoint, and an MLflow run a kill left RUNNING is ended KILLED by the next start.
     Returns how many there were."""
     import multiprocessing
+
+    from prefect.futures import wait
 
     children = multiprocessing.active_children()
     for p in children:
         p.terminate()
-    deadline = time.monotonic() + grace_s
+    if runs:
+        wait(runs, timeout=grace_s)
+    deadline = time.monotonic() + (0 if runs else grace_s)
     for p in children:
         p.join(max(0.0, deadline - time.monotonic()))
         if p.is_alive():
@@ -341,23 +349,39 @@ def ablation_run(job: Job, warmup_dir: str, parent_run_id: str | None = None, th
     """One (variant, seed) run as an MLflow run nested under ``parent_run_id``: trained (or
     resumed from its checkpoint, or taken as it is when finished), its learning curve as
     ``curve/<metric>`` (step = iteration), its final evaluation as ``final/<metric>``."""
+    import multiprocessing
+
     import torch
 
     if threads:
         torch.set_num_threads(threads)
-    with tracking.start_run(tracking.EXPERIMENTS["ablation"], f"{job.variant}/seed-{job.seed}", tags=run_tags(job),
-                            parent_run_id=parent_run_id) as run_id:
-        tracking.log_config(run_id, job.cfg)
-        live: set[int] = set()
-        sink = metrics_logger(run_id)
+    try:
+        with tracking.start_run(tracking.EXPERIMENTS["ablation"], f"{job.variant}/seed-{job.seed}",
+                                tags=run_tags(job), parent_run_id=parent_run_id) as run_id:
+            tracking.log_config(run_id, job.cfg)
+            live: set[int] = set()
+            sink = metrics_logger(run_id)
 
-        def log_live(metrics: dict[str, float], step: int) -> None:
-            sink(metrics, step)
-            live.add(step)
+            def log_live(metrics: dict[str, float], step: int) -> None:
+                sink(metrics, step)
+                live.add(step)
 
-        result = run_job(job, workspace(job.cfg), warmup_dir, log_metrics=log_live)
-        log_run_files(run_id, job, result, live)
+            result = run_job(job, workspace(job.cfg), warmup_dir, log_metrics=log_live)
+            log_run_files(run_id, job, result, live)
+    except BaseException as exc:
+        stop = errors.interruption(exc)
+        if stop is None or multiprocessing.parent_process() is None:
+            raise
+        raise RunInterrupted(f"{job.variant}/seed-{job.seed}: stopped by {type(stop).__name__} (its MLflow run "
+                             "ended KILLED; the same command resumes it from its checkpoint)") from exc
     return {**result, "run_id": run_id}
+
+
+class RunInterrupted(RuntimeError):
+    """A run in a worker process stopped by SIGTERM or Ctrl-C. Sent back to the flow as an
+    ordinary error: the SystemExit or KeyboardInterrupt itself, re-raised in the process pool's
+    result thread by Prefect's done-callback, ended that thread, so the pool never told its
+    workers to leave and the stop waited for them to be killed (16-18 s for a tiny ablation)."""
 
 
 def log_run_files(run_id: str, job: Job, result: dict, live: set[int]) -> None:
