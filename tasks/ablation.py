@@ -253,7 +253,7 @@ def stop_workers(runs: list | None = None, grace_s: float = WORKER_STOP_GRACE_S)
     children = multiprocessing.active_children()
     for p in children:
         p.terminate()
-    if runs:
+    if runs and children:  # (a thread runner's runs are no process's: nothing here would stop them)
         wait(runs, timeout=grace_s)
     deadline = time.monotonic() + (0 if runs else grace_s)
     for p in children:
