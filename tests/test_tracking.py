@@ -107,15 +107,21 @@ def test_sigterm_during_a_store_write_acts_after_it_and_the_run_still_ends_kille
 
     store = tr.client()._tracking_client.store
     reached = []
-    with pytest.raises(tr.Terminated), tr.start_run(EXP, "terminated-mid-write") as run_id:
-        with store.ManagedSessionMaker(read_only=False):
-            os.kill(os.getpid(), signal.SIGTERM)  # its handler would raise at the next bytecode
-            time.sleep(0.05)
-            reached.append(True)
-        reached.append(False)  # not reached: the held SIGTERM acts as the session closes
+    # SIGTERM's default action, as in a fresh `agentr1` process (a Prefect runner served by an
+    # earlier test leaves its own handler installed in this one)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(tr.Terminated), tr.start_run(EXP, "terminated-mid-write") as run_id:
+            with store.ManagedSessionMaker(read_only=False):
+                os.kill(os.getpid(), signal.SIGTERM)  # its handler would raise at the next bytecode
+                time.sleep(0.05)
+                reached.append(True)
+            reached.append(False)  # not reached: the held SIGTERM acts as the session closes
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     assert reached == [True]
     assert _run(run_id).info.status == "KILLED"
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_signals_are_held_only_in_the_main_thread_and_never_twice():
@@ -127,16 +133,20 @@ def test_signals_are_held_only_in_the_main_thread_and_never_twice():
         with tr.signals_held():
             seen["thread"] = signal.getsignal(signal.SIGINT)
 
-    t = threading.Thread(target=in_thread)
-    t.start()
-    t.join()
-    assert seen["thread"] is signal.default_int_handler
-    with tr.signals_held():
-        outer = signal.getsignal(signal.SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever an earlier test left
+    try:
+        t = threading.Thread(target=in_thread)
+        t.start()
+        t.join()
+        assert seen["thread"] is signal.default_int_handler
         with tr.signals_held():
-            assert signal.getsignal(signal.SIGINT) is outer
-        assert outer is not signal.default_int_handler
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            outer = signal.getsignal(signal.SIGINT)
+            with tr.signals_held():
+                assert signal.getsignal(signal.SIGINT) is outer
+            assert outer is not signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_git_commit_is_none_outside_a_repo(tmp_path):
