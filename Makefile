@@ -49,12 +49,18 @@ $(VENV)/.installed: pyproject.toml
 # Set-up also materialises data/ as data.dvc pins it, so `dvc repro` works right after it.
 setup: $(VENV)/.installed data/corpus.jsonl
 
+# Two worker processes (pytest-xdist), whole files to each (a module's fixtures are built once);
+# each test process and what it starts run one torch thread (tests/conftest.py), so two workers
+# fill a 2-core machine without OpenMP spin-waiting. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+PYTEST := $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 test: setup model
-	$(VENV)/bin/pytest -q --durations=30
+	$(PYTEST) --durations=30
 
 # The quick subset: everything not marked slow.
 test-fast: setup model
-	$(VENV)/bin/pytest -q -m "not slow" --durations=15
+	$(PYTEST) -m "not slow" --durations=15
 
 train: setup
 	$(VENV)/bin/agentr1 train --config conf/train.yaml

@@ -3,12 +3,15 @@ temporary Prefect server every flow test shares; and the small synthetic world (
 tokenizer, chat format) both rollout backends' tests play in."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
 
 _TMP = tempfile.mkdtemp(prefix="agentr1-tests-")
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)  # each test process's stores and caches
 _ENV = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "PREFECT_HOME": os.path.join(_TMP, "prefect"),
@@ -23,6 +26,11 @@ _ENV = {
     "AGENTR1_CACHE": os.path.join(_TMP, "cache"),
 }
 os.environ.update(_ENV)
+# One torch thread in every test process (pytest-xdist's workers: `make test` runs two) and in
+# what they start, before torch is imported: two workers then fill two cores, where their two
+# threads each would spin-wait on each other's cores (agentr1/threads.py). A value set outside
+# the suite wins; tests that compare thread counts set theirs.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 SERVER_STARTUP_S = 120
 
