@@ -477,11 +477,15 @@ def _dump_stacks_on_usr1() -> None:
         pass
 
 
-def _stopped(stop: KeyboardInterrupt) -> int:
-    """One line for a run stopped by Ctrl-C or a stop signal; the exit status 128 + the signal."""
+RUN_STOPPED = ("the runs it opened were ended (MLflow: KILLED, Prefect: Crashed); the same command resumes "
+               "from the last checkpoint")
+"""What a stop means, unless the command says otherwise (``stopped_note``: ``agentr1 serve``)."""
+
+
+def _stopped(stop: KeyboardInterrupt, note: str = RUN_STOPPED) -> int:
+    """One line for a command stopped by Ctrl-C or a stop signal; the exit status 128 + the signal."""
     signum = getattr(stop, "signum", signal.SIGINT)
-    print(f"agentr1: stopped by {signal.Signals(signum).name}: the runs it opened were ended (MLflow: KILLED, "
-          "Prefect: Crashed); the same command resumes from the last checkpoint", file=sys.stderr)
+    print(f"agentr1: stopped by {signal.Signals(signum).name}: {note}", file=sys.stderr)
     return 128 + signum
 
 
@@ -499,11 +503,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP to a flow (cli/flows.py): unwound, resumable
         if args.traceback:
             raise
-        return _stopped(e)
+        return _stopped(e, getattr(args, "stopped_note", RUN_STOPPED))
     except Exception as e:  # noqa: BLE001 - a bug is re-raised with its traceback below
         stop = errors.interruption(e)  # a library that failed while unwinding the signal
         if isinstance(stop, KeyboardInterrupt) and not args.traceback:
-            return _stopped(stop)
+            return _stopped(stop, getattr(args, "stopped_note", RUN_STOPPED))
         status = errors.exit_status(e) if not isinstance(e, FileExistsError) else EXIT_BAD_INPUT
         if status is None or args.traceback:
             raise

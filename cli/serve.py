@@ -16,8 +16,11 @@ client works against it::
 
 import argparse
 import json
+import signal
 
 from agentr1.errors import EXIT_OK
+
+STOPPED_NOTE = "the server answered the requests it had and shut down"
 
 
 def make_app(completions):  # annotations evaluated here: FastAPI reads them (no __future__ import)
@@ -74,8 +77,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = make_app(ChatCompletions(agent, args.name))
     print(f"serving {label} as model {args.name!r}: http://{args.host}:{args.port}/v1 (OpenAI chat completions)",
           flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    # uvicorn's Server shuts down gracefully on SIGTERM/SIGINT, then puts the handlers it found
+    # back and raises the signal again: these handlers turn it into the CLI's stop (one line, 128 +
+    # the signal), whatever disposition the process inherited. (`uvicorn.run` would swallow it.)
+    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")).run()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     return EXIT_OK
+
+
+def _stop(signum: int, frame) -> None:
+    from cli.flows import Stopped
+
+    raise Stopped(signum)
 
 
 def add_serve(subparsers: argparse._SubParsersAction) -> None:
@@ -88,4 +105,4 @@ def add_serve(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--name", default="agentr1", help="the model id clients send (default: agentr1)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.set_defaults(func=cmd_serve)
+    p.set_defaults(func=cmd_serve, stopped_note=STOPPED_NOTE)

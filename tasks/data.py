@@ -150,6 +150,7 @@ def prepare_data(cfg: Config, source: DataSource, run_id: str | None = None) -> 
     A dataset that fails becomes the ``data-validation-report`` artifact and the task raises
     ``ValidationFailed``: nothing is recorded, logged or trained."""
     data_dir = Path(cfg.data.dir)
+    log.info("data: making %s where it is missing, then checking it (records, Great Expectations)", data_dir)
     checks = passed_suites(data_dir, dataset_reports(cfg, source))
     version = replace(version_dataset(data_dir, source.version, source.kind), checks=tuple(checks))
     if run_id:
