@@ -11,7 +11,7 @@ own settings as ``model_config`` (``tracking.agent_config``):
 - ``corpus``: None (the logged corpus), or another ``corpus.jsonl`` of the same format,
   given at load time: ``mlflow.pyfunc.load_model(uri, model_config={"corpus": path})``, or
   for ``mlflow models serve`` through ``MLFLOW_PYFUNC_INFERENCE_CONFIG='{"corpus": path}'``;
-- ``device``: None (the config's, ``auto``), ``cpu`` or ``cuda``;
+- ``device``: the run's (``auto``: CUDA where there is one), ``cpu`` or ``cuda``;
 - ``trace_experiment``: None, or an experiment name: each served episode is recorded there as an
   MLflow trace (``tasks/traces.py``), e.g. ``MLFLOW_PYFUNC_INFERENCE_CONFIG='{"trace_experiment":
   "agentr1-served"}'``.

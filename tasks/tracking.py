@@ -684,7 +684,9 @@ def agent_config(cfg: Config) -> dict[str, Any]:
     sections = {k: v for k, v in cfg.model_dump(mode="json").items() if k in AGENT_SECTIONS}
     # Plug-in files travel as artifacts (PLUGIN_ARTIFACT*); the model imports those copies.
     sections["plugins"] = [p for p in cfg.plugins if not p.endswith(".py")]
-    return {"config": sections, "corpus": None, "device": None, "trace_experiment": None}
+    # MLflow also logs this dict as the run's params: ``device`` holds the run's own value (not
+    # None, which would clash with the run's ``device`` param and drop the whole batch, warning).
+    return {"config": sections, "corpus": None, "device": cfg.device, "trace_experiment": None}
 
 
 def _requirements() -> list[str]:

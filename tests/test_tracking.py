@@ -365,12 +365,21 @@ def logged_policy(policy_dir, tmp_path_factory):
     corpus.write_text(json.dumps({"id": "d1", "title": "Kelmora", "text": "Kelmora was directed by Amberlin."}) + "\n")
     cfg = Config.model_validate({"env": {"max_turn_tokens": 6, "max_turns": 2, "tools_in_prompt": True}})
     with tr.start_run(EXP, "policy") as run_id:
+        tr.log_config(run_id, cfg)  # as the pipeline does: the run's params, before its model
         tr.log_metrics(run_id, {"eval/em": 0.42}, step=3)
         t0 = time.perf_counter()
         uri = tr.log_policy_model(run_id, policy_dir, cfg=cfg, corpus=corpus)
         seconds = time.perf_counter() - t0
     print(f"log_policy_model: {seconds:.2f}s")
     return run_id, uri, seconds
+
+
+def test_the_models_config_is_logged_beside_the_runs_own_params(logged_policy):
+    """MLflow logs a model's ``model_config`` as params of its run, in one batch: a value that
+    differs from the run's own param of that name (``device`` None against ``auto``) failed the
+    batch, with a warning on the pipeline's console, and none of it was logged."""
+    params = tr.client().get_run(logged_policy[0]).data.params
+    assert params["device"] == "auto" and params["config/env/max_turns"] == "2"
 
 
 def test_policy_model_logs_loads_and_predicts(logged_policy):
