@@ -193,6 +193,7 @@ def _clean_clone(dst: Path, data: Path) -> Path:
     return dst
 
 
+@pytest.mark.slow  # ~15 s: regenerates the data set, then `make data-check` and `dvc repro --dry`
 def test_make_data_check_and_repro_dry_run(regenerated, dvc_repo, tmp_path):
     clone = _clean_clone(tmp_path, regenerated)
     # The check `make data` runs: refuses (exit 1) unless data/ hashes to data.dvc.

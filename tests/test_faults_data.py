@@ -234,6 +234,7 @@ def test_a_users_incomplete_directory_is_not_regenerated(clean, tmp_path, capsys
 # ---------------------------------------------------------------- the real pipeline, once
 
 
+@pytest.mark.slow  # ~20 s: a pipeline run up to its data checks, and its Prefect server
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inside DVC and Prefect
 def test_pipeline_refuses_bad_data_before_dvc_records_it(clean, tmp_path, capsys, prefect_api):
     import mlflow

@@ -323,6 +323,7 @@ SLEEPER = """
 
 
 
+@pytest.mark.slow  # ~10 s: three processes that import MLflow
 def test_interrupted_runs_end_killed_by_a_handler_or_at_the_next_start(fresh_store):
     """SIGTERM and Ctrl-C: the process ends its own run KILLED. SIGKILL: nothing in the
     process can react, so the run stays RUNNING until the next run in its experiment starts

@@ -66,7 +66,8 @@ def _registered_models_load(tracking_uri: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", sorted(STAGES))
-def test_sigterm_at_a_stage_ends_the_runs_and_every_child_and_the_rerun_finishes(stage, data_dir, tmp_path):
+def test_sigterm_at_a_stage_ends_the_runs_and_every_child_and_the_rerun_finishes(stage, data_dir, prefect_api,
+                                                                                tmp_path):
     """SIGTERM to `agentr1 pipeline` at a stage: the process is gone soon with exit status 143 and
     one line, no process it started is left (Prefect's temporary server, tool workers), its MLflow
     run is KILLED, its Prefect flow run Crashed (not Running), the data set is as it was and no
@@ -104,16 +105,20 @@ def test_sigterm_at_a_stage_ends_the_runs_and_every_child_and_the_rerun_finishes
     print(f"\nSIGTERM at {stage}: gone in {took:.1f} s; registered versions: {registered}")
     if stage not in RERUN:
         return
+    # The rerun (and the run never stopped) talk to the suite's Prefect server: a temporary server
+    # of their own would cost ~15 s each and prove nothing here.
+    from prefect.settings import PREFECT_API_URL
+
+    env["PREFECT_API_URL"] = PREFECT_API_URL.value()
     # Stopped in PPO, the rerun must end with the weights of a run never stopped: that run goes on
-    # beside the rerun (one thread each), with a store and a Prefect home of its own.
+    # beside the rerun (one thread each), with an MLflow store of its own.
     whole, whole_log = tmp_path / "whole", tmp_path / "whole.log"
     never_stopped = None
     if stage == "ppo":
         with open(whole_log, "w") as log_file:
             never_stopped = subprocess.Popen(
                 _pipeline_cmd(data_dir, whole), cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT,
-                env={**env, "PREFECT_HOME": str(tmp_path / "whole-prefect"),
-                     "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'whole.db'}"})
+                env={**env, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'whole.db'}"})
     try:  # the same command resumes (the warm-up again, or PPO from its last checkpoint) and finishes
         done = subprocess.run(_pipeline_cmd(data_dir, out), cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=600)

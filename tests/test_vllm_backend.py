@@ -9,6 +9,7 @@ import pytest
 import torch
 
 pytest.importorskip("vllm")
+pytestmark = pytest.mark.slow  # one vLLM engine for the module: ~12 s to start, ~20 s in all
 
 from accelerate import Accelerator
 
