@@ -6,7 +6,9 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import subprocess
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +26,7 @@ _ENV = {
     "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "AGENTR1_CACHE": os.path.join(_TMP, "cache"),
+    "HYPOTHESIS_STORAGE_DIRECTORY": os.path.join(_TMP, "hypothesis"),  # not ./.hypothesis
 }
 os.environ.update(_ENV)
 # One torch thread in every test process (pytest-xdist's workers: `make test` runs two) and in
@@ -33,6 +36,46 @@ os.environ.update(_ENV)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 SERVER_STARTUP_S = 120
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- the repository stays as it was
+
+
+def _repo_entries() -> set[str] | None:
+    """What git shows in the repository beside its clean tracked files (changed, untracked and
+    ignored paths, a new folder as one entry), bytecode and pytest's cache left out; None where
+    git cannot say (no git, not a clone)."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--ignored=matching", "--untracked-files=normal"],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return {line[3:] for line in out.stdout.splitlines() if "__pycache__" not in line and ".pytest_cache" not in line}
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):  # the controller (or the one process), not an xdist worker
+        session.config.stash[_BEFORE] = _repo_entries()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A test that writes into the repository (an MLflow store in ./mlruns, a cache, a changed
+    tracked file) fails the session, naming what appeared: tests write into temp dirs only."""
+    before = session.config.stash.get(_BEFORE, None)
+    after = _repo_entries() if before is not None else None
+    if after is None or not (new := sorted(after - before)):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write("\n")
+        reporter.write_line(f"the tests wrote into the repository {REPO}: {', '.join(new)}", red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_BEFORE = pytest.StashKey[set | None]()
 
 
 @pytest.fixture(scope="session")
