@@ -16,49 +16,13 @@ starts and stops itself) and each setting, the median of ``--steps`` warm-up dem
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import statistics
-import subprocess
-import sys
 import time
 
-CHILD = r"""
-import json, random, sys, time
-t_import = time.perf_counter()
-import torch
-from agentr1.config import load_config
-from agentr1.rl.optim import MuonWithAdamW, muon_groups
-from agentr1.rl.sft import sft_loss
-from benchmarks.update_efficiency import synthetic_episode
-from models.policy import ActorCritic, ModelSpec
-from transformers import Qwen2Config, Qwen2ForCausalLM
+import warmup_step  # the sibling script: `python benchmarks/threads.py` puts benchmarks/ on sys.path
 
-cfg = load_config("conf/train.yaml")
-spec = ModelSpec.from_config(cfg.model)
-config = Qwen2Config(vocab_size=cfg.model.vocab_size, hidden_size=spec.hidden_size,
-                     intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_layers,
-                     num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
-                     tie_word_embeddings=True, initializer_range=spec.init_std)
-torch.manual_seed(0)
-model = ActorCritic(Qwen2ForCausalLM(config)).train()
-opt = MuonWithAdamW(muon_groups(model, cfg.sft.muon_lr, cfg.sft.lr, 0.0))
-rng = random.Random(0)
-demos = [synthetic_episode(rng, cfg.model.vocab_size, i) for i in range(cfg.sft.batch_size)]
-ids = torch.tensor([t.token_ids for t in demos])
-target = torch.tensor([t.action_mask[1:] for t in demos], dtype=torch.float)
-times = []
-for step in range(int(sys.argv[1]) + 2):
-    t0 = time.perf_counter()
-    loss, _ = sft_loss(model, ids, torch.ones_like(ids), target)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    times.append(time.perf_counter() - t0)
-print(json.dumps({"threads": torch.get_num_threads(), "times": times[2:]}))
-"""
 
 # name -> environment changes (None removes the variable). "agentr1 default" is what every agentr1
 # process gets from agentr1/threads.py (so its row is measured through that module).
@@ -95,17 +59,14 @@ def parse_load(text: str) -> tuple[int, int]:
 
 
 def measure(env_changes: dict[str, str | None], steps: int) -> dict:
+    """The warm-up step (``warmup_step.child``, eager) in a fresh process with ``env_changes``."""
     env = dict(os.environ)
     for k, v in env_changes.items():
         if v is None:
             env.pop(k, None)
         else:
             env[k] = v
-    # `import agentr1` first, as every entry point does: that is where agentr1/threads.py runs.
-    code = "import agentr1\n" + CHILD
-    out = subprocess.run([sys.executable, "-c", code, str(steps)], env=env, capture_output=True, text=True,
-                         check=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return warmup_step.measure("eager", steps, 2, env)
 
 
 def main() -> None:

@@ -178,8 +178,8 @@ def test_sigterm_to_an_ablation_stops_its_running_workers_at_once(data_dir, tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_stop_signal_to_agentr1_serve_ends_it_and_its_tool_workers(sig, data_dir, warm, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stop_signal_to_agentr1_serve_ends_it_with_one_line(sig, data_dir, warm, tmp_path):
     """`agentr1 serve` (OpenAI chat completions) stopped as a service manager or Ctrl-C stops it,
     after it has answered a request: uvicorn's graceful shutdown, then the CLI's one line and exit
     status 128 + the signal, within the bound, no traceback. (It starts no process: in the OpenAI
