@@ -9,6 +9,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
+from agentr1.metrics import MODES
 from agentr1.rollout.engine import RolloutEngine, Trajectory
 
 # Episode metrics averaged into the report (all present in Trajectory.metrics).
@@ -48,7 +49,7 @@ def evaluate(engine: RolloutEngine, records: list, seed: int, sampled_temperatur
     metrics: dict[str, float] = {}
     trajectories: dict[str, list[Trajectory]] = {}
     t0 = last = time.perf_counter()
-    for mode, temp in (("greedy", 0.0), ("sampled", sampled_temperature)):
+    for mode, temp in zip(MODES, (0.0, sampled_temperature)):
         trajs: list[Trajectory] = []
         for start in range(0, len(records), batch_size):
             chunk = records[start : start + batch_size]

@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from agentr1.metrics import EM_KEYS, MODES  # noqa: E402
 from agentr1.rl.control import DEV_SCORE  # noqa: E402
 
 CURVE_PANELS = (
@@ -58,7 +59,7 @@ def plot_learning_curve(history: list[dict[str, float]] | dict[str, list[dict[st
 
 # ----------------------------------------------------------------------------- ablation
 
-ABLATION_METRICS = (("greedy/em", "exact match, greedy"), ("sampled/em", "exact match, sampled"))
+ABLATION_METRICS = tuple((key, f"exact match, {mode}") for mode, key in zip(MODES, EM_KEYS))
 EM_AXIS_MIN = 0.1
 
 

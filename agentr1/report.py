@@ -36,13 +36,14 @@ from pathlib import Path
 from typing import Literal
 
 from agentr1.ablation import FULL, VARIANTS, efficiency, mean_curve, mean_std
+from agentr1.metrics import EM_KEYS
 from agentr1.suite import RECIPE_VARIANT, suite_markdown, task_row
 
 HASH_CHARS = 12  # short hashes and commits in tables; the provenance table lists them whole
 DIRTY = "+dirty"  # a commit's suffix when the run's code differed from it
 WEIGHTS_GLOB = "*.safetensors"  # the policy and its value head
 DIGEST_CHUNK = 1 << 20
-HEADLINE_KEYS = ("greedy/em", "sampled/em")
+HEADLINE_KEYS = EM_KEYS
 # The paper's claims, as (better, worse) variant pairs of the ablation table.
 PAPER_ORDERING = (("ppo", "ppo-no-adv-mask"), ("ppo-no-adv-mask", "ppo-no-masks"), ("ppo", "ppo-no-masks"),
                   ("ppo", "ppo-outcome-only"))

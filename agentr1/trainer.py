@@ -38,6 +38,7 @@ from agentr1.data.records import (DataError, QARecord, generation_needed, load_c
 from agentr1.env.base import Environment, NoDemonstrations
 from agentr1.env.episodes import run_episodes
 from agentr1.env.registry import build_env, synth_data
+from agentr1.metrics import HEADLINE_KEYS
 from agentr1.errors import UserError
 from agentr1.evaluate import EvalResult, evaluate, render_trajectory
 from agentr1.fsutil import recover_dir, verify_manifest, write_json
@@ -978,7 +979,7 @@ def stage_evaluate(cfg: Config, ws: Workspace) -> dict:
     before = json.loads((out / "eval_warmup.json").read_text())
     summary = {"warmup": before, "final": after.metrics, "output_dir": str(out),
                "selected": final_selection(out / FINAL_DIR),
-               "gain": {k: after.metrics[k] - before[k] for k in ("greedy/em", "sampled/em", "greedy/f1", "sampled/f1")}}
+               "gain": {k: after.metrics[k] - before[k] for k in HEADLINE_KEYS}}
     baselines = {b: out / f"eval_{b}.json" for b in cfg.eval.baselines}
     if baselines:
         summary["baselines"] = {b: json.loads(p.read_text()) for b, p in baselines.items() if p.exists()}

@@ -20,6 +20,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from agentr1.config import Config
+from agentr1.metrics import HEADLINE_KEYS
 from agentr1.rl.guard import TrainingDiverged
 from agentr1.trainer import final_selection, write_summary
 from tasks import tracking
@@ -31,7 +32,6 @@ from tasks.training import (IterationResult, evaluate_baselines, evaluate_policy
                             save_final_policy, warm_up)
 
 SYSTEM_METRICS_INTERVAL_S = 10.0
-HEADLINE = ("greedy/em", "sampled/em", "greedy/f1", "sampled/f1")
 
 
 @dataclass
@@ -48,7 +48,7 @@ class Candidate:
 
     @property
     def gain(self) -> dict[str, float]:
-        return {k: self.final[k] - self.warmup[k] for k in HEADLINE if k in self.final and k in self.warmup}
+        return {k: self.final[k] - self.warmup[k] for k in HEADLINE_KEYS if k in self.final and k in self.warmup}
 
 
 def run_name(kind: str) -> str:

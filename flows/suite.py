@@ -18,7 +18,8 @@ import time
 
 from prefect import flow
 
-from agentr1.suite import MODES, mean_gain, task_row
+from agentr1.metrics import EM_KEYS
+from agentr1.suite import mean_gain, task_row
 from flows.ablation import ERROR_CHARS, ablation, command_line
 from flows.pipeline import run_name
 from flows.pipeline import run_tags as flow_tags
@@ -55,8 +56,8 @@ def suite(params: SuiteParams = SuiteParams()) -> dict:
                 failures.append({"task": name, "error": repr(exc)[:ERROR_CHARS]})
         for r in rows:
             tracking.log_metrics(run_id, {f"{r.task}/{w}/{m}": getattr(r, w)[m][0] for w in ("warmup", "final", "gain")
-                                          for m in MODES}, step=0)
-        tracking.log_metrics(run_id, {f"mean_gain/{m}": mean_gain(rows, m) for m in MODES}, step=0)
+                                          for m in EM_KEYS}, step=0)
+        tracking.log_metrics(run_id, {f"mean_gain/{m}": mean_gain(rows, m) for m in EM_KEYS}, step=0)
         header = [f"Command: `{command_line(params, 'suite')}`; wall time {(time.time() - t0) / 60:.1f} min for "
                   f"{len(spec.tasks)} tasks x seeds {spec.seeds}.",
                   "Each task: its warm-up evaluated (`warm-up`) and the recipe's PPO from it (`final`), on the "
@@ -69,5 +70,5 @@ def suite(params: SuiteParams = SuiteParams()) -> dict:
             raise SuiteFailed(f"{len(failures)} of {len(spec.tasks)} tasks failed (see {paths['results.md']}); "
                               f"re-run with output_dir={spec.output_dir} to resume them")
     return {"run_id": run_id, "output_dir": spec.output_dir, "results_md": str(paths["results.md"]),
-            "tasks": task_runs, "mean_gain": {m: mean_gain(rows, m) for m in MODES},
+            "tasks": task_runs, "mean_gain": {m: mean_gain(rows, m) for m in EM_KEYS},
             "wall_seconds": time.time() - t0}

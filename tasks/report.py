@@ -18,6 +18,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_PARENT_RUN_ID
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from agentr1.ablation import CURVE_KEYS
+from agentr1.metrics import HEADLINE_KEYS
 from agentr1.report import (BASELINE_LABELS, DIRTY, EXPORT_SUFFIX, Provenance, RunRecord, Study, export_text,
                             read_export, render_study, variant_order)
 from tasks import tracking
@@ -28,7 +29,7 @@ MLFLOW_UI_ENV = "MLFLOW_UI_URL"
 PERCENT = 100.0
 
 # Rows of the summary table: the headline numbers first, then per-hop exact match.
-SUMMARY_METRICS = ("greedy/em", "sampled/em", "greedy/f1", "sampled/f1", "greedy/hops1/em", "greedy/hops2/em",
+SUMMARY_METRICS = (*HEADLINE_KEYS, "greedy/hops1/em", "greedy/hops2/em",
                    "greedy/hops3/em", "greedy/n_calls", "greedy/support_recall", "greedy/format_ok")
 
 

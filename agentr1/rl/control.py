@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from agentr1.metrics import EM_KEYS
+
 KL_STEP_CLIP = 0.2
 """The adaptive controller's proportional error is clipped to +-this (Ziegler et al. 2019)."""
 
@@ -35,7 +37,7 @@ def dev_score(metrics: dict[str, float], metric: str) -> float:
     """The number checkpoints are ranked by on dev: ``greedy/em``, ``sampled/em``, or ``em``, the
     mean of the two (both are what the run reports)."""
     if metric == "em":
-        return (metrics["greedy/em"] + metrics["sampled/em"]) / 2
+        return sum(metrics[k] for k in EM_KEYS) / len(EM_KEYS)
     return metrics[metric]
 
 
