@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentr1.config import Config, ConfigError, Estimator, _format_validation_error, apply_overrides, config_hash
 from agentr1.fsutil import write_json
-from agentr1.metrics import PER_MODE_KEYS
+from agentr1.metrics import CURVE_KEYS
 from agentr1.rundir import claim
 
 Kind = Literal["rl", "base", "naive_rag"]
@@ -50,8 +50,6 @@ CURVE_FILE = "curve.jsonl"
 RUNS_DIR = "runs"
 WARMUP_DIR = "warmup"
 FINAL_TAG = "final"
-# Held-out metrics of the learning curves and the results table.
-CURVE_KEYS = PER_MODE_KEYS
 # Evaluation seeds sit apart from the training seeds of the same run.
 CURVE_SEED_OFFSET = 54_321
 # A mean curve "reaches" a target within this (means of a few 0/1 scores are not exact).

@@ -9,5 +9,5 @@ EM_KEYS = tuple(f"{m}/em" for m in MODES)
 """The headline numbers: exact match, greedy and sampled."""
 HEADLINE_KEYS = (*EM_KEYS, *(f"{m}/f1" for m in MODES))
 """Exact match then token F1, each greedy and sampled: a run's gain and its summary's first rows."""
-PER_MODE_KEYS = tuple(f"{m}/{k}" for m in MODES for k in ("em", "f1"))
+CURVE_KEYS = tuple(f"{m}/{k}" for m in MODES for k in ("em", "f1"))
 """The same four, mode by mode: an ablation's learning-curve points and its CSV columns."""

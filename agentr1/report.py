@@ -43,7 +43,6 @@ HASH_CHARS = 12  # short hashes and commits in tables; the provenance table list
 DIRTY = "+dirty"  # a commit's suffix when the run's code differed from it
 WEIGHTS_GLOB = "*.safetensors"  # the policy and its value head
 DIGEST_CHUNK = 1 << 20
-HEADLINE_KEYS = EM_KEYS
 # The paper's claims, as (better, worse) variant pairs of the ablation table.
 PAPER_ORDERING = (("ppo", "ppo-no-adv-mask"), ("ppo-no-adv-mask", "ppo-no-masks"), ("ppo", "ppo-no-masks"),
                   ("ppo", "ppo-outcome-only"))
@@ -151,7 +150,7 @@ def variant_order(names: Iterable[str]) -> list[str]:
 # ----------------------------------------------------------------------------- tables
 
 
-def ablation_table(records: list[RunRecord], keys: tuple[str, ...] = HEADLINE_KEYS, split: str = "test") -> str:
+def ablation_table(records: list[RunRecord], keys: tuple[str, ...] = EM_KEYS, split: str = "test") -> str:
     """One row per variant: warm-ups x seeds, then per metric the mean, ± over warm-ups and
     ± over PPO seeds."""
     head = ["variant", "warm-ups x seeds"]
@@ -253,7 +252,7 @@ def speed_claim(records: list[RunRecord], metric: str = "greedy/em", reference: 
     return text + (f"; not defined for {'; '.join(other)}." if other else ".")
 
 
-def pipeline_table(records: list[RunRecord], keys: tuple[str, ...] = HEADLINE_KEYS, split: str = "test") -> str:
+def pipeline_table(records: list[RunRecord], keys: tuple[str, ...] = EM_KEYS, split: str = "test") -> str:
     """The default run repeated: one row per run (before RL -> after), then mean ± std."""
     head = ["run", "seed", *(f"{split} {k}: warm-up -> after PPO (gain)" for k in keys), "MLflow run"]
     lines = ["| " + " | ".join(head) + " |", "|---|---:|" + "---|" * len(keys) + "---|"]
@@ -278,7 +277,7 @@ BASELINE_LABELS = {"zero_shot": "zero-shot (the instruct model as it comes)",
                    "naive_rag": "naive RAG (a search for the question, then the answer)"}
 
 
-def baselines_table(records: list[RunRecord], keys: tuple[str, ...] = HEADLINE_KEYS, split: str = "test") -> str:
+def baselines_table(records: list[RunRecord], keys: tuple[str, ...] = EM_KEYS, split: str = "test") -> str:
     """The untrained baselines beside the warm-up and the trained agent, on the same questions:
     one row per policy, the mean over runs (± std when there are several)."""
     names = list(dict.fromkeys(b for r in records for b in r.baselines))
@@ -468,7 +467,7 @@ def render_study(study: Study, out_dir: str | Path, include: Iterable[str | Path
                   "over all their runs; the *paired difference* is the mean ± std, over the (warm-up, PPO seed) "
                   "cells both variants ran, of the one minus the other from the same warm-up and seed, with how "
                   "many cells favour the first):", "",
-                  ordering_markdown([c for key in HEADLINE_KEYS for c in ordering(records, key)]), "",
+                  ordering_markdown([c for key in EM_KEYS for c in ordering(records, key)]), "",
                   speed_claim(records), ""]
     elif study.kind == "suite":
         tasks = sorted({r.warmup for r in records})

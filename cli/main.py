@@ -498,16 +498,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse has already printed usage
         return int(e.code or 0)
+    note = getattr(args, "stopped_note", RUN_STOPPED)
     try:
         return args.func(args)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP to a flow (cli/flows.py): unwound, resumable
         if args.traceback:
             raise
-        return _stopped(e, getattr(args, "stopped_note", RUN_STOPPED))
+        return _stopped(e, note)
     except Exception as e:  # noqa: BLE001 - a bug is re-raised with its traceback below
         stop = errors.interruption(e)  # a library that failed while unwinding the signal
         if isinstance(stop, KeyboardInterrupt) and not args.traceback:
-            return _stopped(stop, getattr(args, "stopped_note", RUN_STOPPED))
+            return _stopped(stop, note)
         status = errors.exit_status(e) if not isinstance(e, FileExistsError) else EXIT_BAD_INPUT
         if status is None or args.traceback:
             raise
