@@ -6,7 +6,9 @@ suite is built here in code, once per process (module-level cache, GX is slow to
 Raw rows are never trusted to parse: a JSON-lines file is read line by line, a line that is
 not a JSON object becomes a failing row of its own (with its line number), and each field is
 turned into a *helper column* that is always computable (``question_len``, ``n_answers``,
-``n_missing_support``, ... with ``-1`` for a missing or mistyped field). The expectations run
+``n_missing_support``, ... with ``-1`` for a missing or mistyped field). The record rules are the
+engine's (``agentr1.data.records.QA_RULES``/``DOC_RULES``, by which every loader checks a row):
+one definition, run there and here as expectations. The expectations run
 on the helper columns; a report then shows, for a few failing rows, the file, the line (or the
 Parquet row), the field a person has to fix and that field's raw value.
 
@@ -29,12 +31,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from agentr1.data.records import (MAX_FIELD_CHARS, MAX_HOPS, MAX_LINE_BYTES, QA_DIR, DataError, available_splits,
-                                  check_dataset, corpus_path, iter_json_lines, split_path)
+from agentr1.data.records import (DOC_RULES, MAX_LINE_BYTES, QA_DIR, QA_RULES, DataError, FieldRule,
+                                  available_splits, check_dataset, corpus_path, iter_json_lines, split_path)
 from agentr1.errors import UserError
 from agentr1.rollout import checks as rollout_checks
 
-DEFAULT_MAX_HOPS = MAX_HOPS  # the engine's schema: GX never disagrees with the loaders
 DEFAULT_REWARD_BOUNDS = (-2.0, 3.0)
 SAMPLE_ROWS = 5
 """Failing rows shown per failed expectation."""
@@ -149,39 +150,26 @@ def _has_rows(what: str) -> Check:
                  {"min_value": 1})
 
 
-def _record_checks(what: str) -> list[Check]:
-    """Rows parse, ids are present and unique: shared by QA splits and the corpus."""
+def _record_checks(what: str, rules: tuple[FieldRule, ...]) -> list[Check]:
+    """Rows parse, ids are unique, every field keeps its rule (the engine's, ``records.QA_RULES`` /
+    ``DOC_RULES``, as expectations on the helper columns of :meth:`FieldRule.columns`)."""
     return [
         _has_rows("file"),
         Check("json", f"each line is a JSON object in UTF-8, at most {MAX_LINE_BYTES} bytes", "(line)",
               "parse_error", "ExpectColumnValuesToBeNull",
               {"column": "parse_error"}),
-        _between("id_present", f"id is a non-empty string of at most {MAX_FIELD_CHARS['id']} characters", "id",
-             "id_len", "v_id", lo=1, hi=MAX_FIELD_CHARS["id"]),
         Check("id_unique", f"{what} ids are unique within the file", "id", "v_id", "ExpectColumnValuesToBeUnique",
               {"column": "id"}),
+        *(_between(name, rule, r.name, column, f"v_{r.name}", lo, hi)
+          for r in rules for name, rule, column, lo, hi in r.checks()),
     ]
 
 
-QA_CHECKS = _record_checks("record") + [
-    _between("question", f"question is a non-empty string of at most {MAX_FIELD_CHARS['question']} characters",
-             "question", "question_len", "v_question", lo=1, hi=MAX_FIELD_CHARS["question"]),
-    _between("answers_present", "answers is a non-empty list", "answers", "n_answers", "v_answers", lo=1),
-    _zero("answers_text", f"every answer is a non-empty string of at most {MAX_FIELD_CHARS['answers']} characters",
-          "answers", "n_bad_answers", "v_answers"),
+QA_CHECKS = _record_checks("record", QA_RULES) + [
     _zero("support", "every supporting_docs id is a doc id of the corpus", "supporting_docs",
           "n_missing_support", "v_missing_support"),
-    _between("hops", "hops is an integer in [1, {max_hops}]", "hops", "hops", "v_hops", 1, _param("max_hops")),
-    _between("source", f"source is a non-empty string of at most {MAX_FIELD_CHARS['source']} characters", "source",
-             "source_len", "v_source", lo=1, hi=MAX_FIELD_CHARS["source"]),
 ]
-
-CORPUS_CHECKS = _record_checks("document") + [
-    _between("title", f"title is a non-empty string of at most {MAX_FIELD_CHARS['title']} characters", "title",
-             "title_len", "v_title", lo=1, hi=MAX_FIELD_CHARS["title"]),
-    _between("text", f"text is a non-empty string of at most {MAX_FIELD_CHARS['text']} characters", "text",
-             "text_len", "v_text", lo=1, hi=MAX_FIELD_CHARS["text"]),
-]
+CORPUS_CHECKS = _record_checks("document", DOC_RULES)
 
 DATASET_CHECKS = [
     _has_rows("dataset (all QA splits together)"),
@@ -315,12 +303,6 @@ def _show(value: Any) -> str:
     return _clip(MISSING if value is _ABSENT else repr(value))
 
 
-def _text_len(obj: dict, key: str) -> int:
-    """Length of a stripped string field; -1 when missing or not a string."""
-    value = obj.get(key)
-    return len(value.strip()) if isinstance(value, str) else -1
-
-
 def _read_lines(path: Path) -> list[tuple[int, Any, str | None]]:
     """(line number, JSON object or None, problem or None) for every non-blank line, read by the
     engine's reader (the same UTF-8, size and JSON rules and line numbers as the loaders)."""
@@ -334,8 +316,20 @@ def _read_lines(path: Path) -> list[tuple[int, Any, str | None]]:
 
 def _id_columns(obj: dict) -> dict:
     rid = obj.get("id")
-    return {"id": rid if isinstance(rid, str) else None, "id_len": _text_len(obj, "id"),
-            "v_id": _show(obj.get("id", _ABSENT)), "rid": rid if isinstance(rid, str) else ""}
+    return {"id": rid if isinstance(rid, str) else None, "rid": rid if isinstance(rid, str) else ""}
+
+
+def _rule_columns(obj: dict, rules: tuple[FieldRule, ...]) -> dict:
+    """The helper columns of ``rules`` and each field's raw value (``v_<field>``) as shown."""
+    out: dict[str, Any] = {}
+    for r in rules:
+        out.update(r.columns(obj))
+        out[f"v_{r.name}"] = _show(obj.get(r.name, _ABSENT))
+    return out
+
+
+def _rule_column_names(rules: tuple[FieldRule, ...]) -> list[str]:
+    return [c for r in rules for c in (*dict.fromkeys(check[2] for check in r.checks()), f"v_{r.name}")]
 
 
 def _jsonl_frame(path: Path, derive: Callable[[dict], dict], columns: list[str]) -> pd.DataFrame:
@@ -347,40 +341,22 @@ def _jsonl_frame(path: Path, derive: Callable[[dict], dict], columns: list[str])
             row.update(_id_columns(obj))
             row.update(derive(obj))
         rows.append(row)
-    base = [INDEX, "file", "line", "parse_error", "id", "id_len", "v_id", "rid"]
+    base = [INDEX, "file", "line", "parse_error", "id", "rid"]
     return pd.DataFrame.from_records(rows, columns=base + columns)
 
 
 def _qa_columns(obj: dict, corpus_ids: set[str]) -> dict:
-    answers, support, hops = obj.get("answers", _ABSENT), obj.get("supporting_docs", _ABSENT), obj.get("hops", _ABSENT)
+    support = obj.get("supporting_docs", _ABSENT)
     if isinstance(support, list):
         missing = [d for d in support if not isinstance(d, str) or d not in corpus_ids]
         shown_support = f"not in the corpus: {_show(missing)}" if missing else _show(support)
     else:
         missing, shown_support = [support], f"not a list: {_show(support)}"
-    return {
-        "question_len": _text_len(obj, "question"), "v_question": _show(obj.get("question", _ABSENT)),
-        "n_answers": len(answers) if isinstance(answers, list) else -1,
-        "n_bad_answers": sum(not (isinstance(a, str) and 0 < len(a.strip()) <= MAX_FIELD_CHARS["answers"])
-                             for a in answers) if isinstance(answers, list) else 0,
-        "v_answers": _show(answers),
-        "n_missing_support": len(missing), "v_missing_support": shown_support,
-        # bool is an int subclass; `true` is not a hop count.
-        "hops": hops if isinstance(hops, int) and not isinstance(hops, bool) else -1, "v_hops": _show(hops),
-        "source_len": _text_len(obj, "source"), "v_source": _show(obj.get("source", _ABSENT)),
-    }
+    return {**_rule_columns(obj, QA_RULES), "n_missing_support": len(missing), "v_missing_support": shown_support}
 
 
-QA_COLUMNS = ["question_len", "v_question", "n_answers", "n_bad_answers", "v_answers", "n_missing_support",
-              "v_missing_support", "hops", "v_hops", "source_len", "v_source"]
-
-
-def _doc_columns(obj: dict) -> dict:
-    return {"title_len": _text_len(obj, "title"), "v_title": _show(obj.get("title", _ABSENT)),
-            "text_len": _text_len(obj, "text"), "v_text": _show(obj.get("text", _ABSENT))}
-
-
-DOC_COLUMNS = ["title_len", "v_title", "text_len", "v_text"]
+QA_COLUMNS = [*_rule_column_names(QA_RULES), "n_missing_support", "v_missing_support"]
+DOC_COLUMNS = _rule_column_names(DOC_RULES)
 
 
 def _read_error(path: Path) -> str | None:
@@ -399,16 +375,15 @@ def _qa_frame(path: Path, corpus_ids: set[str]) -> pd.DataFrame:
 
 
 def _corpus_frame(path: Path) -> pd.DataFrame:
-    return _jsonl_frame(path, _doc_columns, DOC_COLUMNS)
+    return _jsonl_frame(path, lambda obj: _rule_columns(obj, DOC_RULES), DOC_COLUMNS)
 
 
-def validate_qa_split(path: str | os.PathLike, corpus_ids: set[str],
-                      max_hops: int = DEFAULT_MAX_HOPS) -> ValidationReport:
+def validate_qa_split(path: str | os.PathLike, corpus_ids: set[str]) -> ValidationReport:
     """QA records of one JSON-lines file: see ``QA_CHECKS``."""
     path = Path(path)
     if (error := _read_error(path)) is not None:
         return _unreadable("qa_split", str(path), error)
-    return _validate("qa_split", _qa_frame(path, corpus_ids), str(path), {"max_hops": max_hops})
+    return _validate("qa_split", _qa_frame(path, corpus_ids), str(path), {})
 
 
 def validate_corpus(path: str | os.PathLike) -> ValidationReport:
@@ -464,7 +439,7 @@ def suite_reports(data_dir: str | os.PathLike, env_kind: str | None = None) -> l
     for split in available_splits(data_dir):
         path = split_path(data_dir, split)
         frames.append(_qa_frame(path, corpus_ids))
-        reports.append(_validate("qa_split", frames[-1], str(path), {"max_hops": MAX_HOPS}))
+        reports.append(_validate("qa_split", frames[-1], str(path), {}))
     source = str(Path(data_dir) / DATASET_SOURCE)
     reports.append(_validate("qa_dataset", _dataset_frame(frames), source, {}))
     return reports + (env_reports(data_dir, env_kind) if env_kind else [])

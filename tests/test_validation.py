@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from agentr1.data import records as R
 from agentr1.data.records import write_dataset
 from agentr1.data.synth import generate
 from agentr1.rollout import store
@@ -84,9 +85,9 @@ def test_clean_dataset_passes_every_suite(clean_dir):
 
 
 @pytest.mark.parametrize("line, change, check, field, value_has", [
-    (3, with_(answers=[]), "answers_present", "answers", "[]"),
-    (4, lambda o: {k: v for k, v in o.items() if k != "answers"}, "answers_present", "answers", "<missing>"),
-    (5, with_(answers=["ok", "  "]), "answers_text", "answers", "'  '"),
+    (3, with_(answers=[]), "answers_list", "answers", "[]"),
+    (4, lambda o: {k: v for k, v in o.items() if k != "answers"}, "answers_list", "answers", "<missing>"),
+    (5, with_(answers=["ok", "  "]), "answers_items", "answers", "'  '"),
     (6, with_(question=""), "question", "question", "''"),
     (7, with_(supporting_docs=["d999999"]), "support", "supporting_docs", "d999999"),
     (8, with_(hops=9), "hops", "hops", "9"),
@@ -159,10 +160,31 @@ def test_missing_or_empty_files(tmp_path):
     assert not reports[0].success and not reports[-1].success
 
 
-def test_max_hops_is_a_parameter(data_dir):
+def _breaking(rule) -> list[tuple[str, object]]:
+    """(GX check name, a value that breaks it) for each check of one record rule."""
+    if rule.kind == "text":
+        return [(rule.name, "  "), (rule.name, "x" * (rule.limit + 1))]
+    if rule.kind == "texts":
+        return [(f"{rule.name}_list", "not a list"), (f"{rule.name}_items", ["ok", ""]),
+                (f"{rule.name}_items", ["x" * (rule.limit + 1)])] + ([] if rule.allow_empty else [(f"{rule.name}_list", [])])
+    return [(rule.name, rule.lo - 1), (rule.name, rule.hi + 1), (rule.name, True)]
+
+
+@pytest.mark.parametrize("rule", R.QA_RULES, ids=lambda r: r.name)
+def test_loaders_and_suites_keep_one_set_of_record_rules(data_dir, rule):
+    """Every way of breaking a rule of records.QA_RULES is refused by the loader, naming the field,
+    and fails the GX check built from the same rule, on the same line."""
     path = data_dir / "qa" / "train.jsonl"
-    assert not V.validate_qa_split(path, _ids(data_dir), max_hops=1).success  # synthetic has 2- and 3-hop rows
-    assert V.validate_qa_split(path, _ids(data_dir), max_hops=3).success
+    original = path.read_text()
+    for check, value in _breaking(rule):
+        path.write_text(original)
+        edit_line(path, 3, with_(**{rule.name: value}))
+        with pytest.raises(R.DataError) as e:
+            R.QARecord.from_json(json.loads(path.read_text().splitlines()[2]), path, 3)
+        assert e.value.field.split("[")[0] == rule.name, (check, value)
+        report = V.validate_qa_split(path, _ids(data_dir))
+        assert check in [x["check"] for x in report.failures], (check, value, report.failures)
+        assert_names(report, check, path, rule.name, line=3)
 
 
 def _ids(data_dir: Path) -> set[str]:

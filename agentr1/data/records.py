@@ -39,8 +39,6 @@ MARKER_FILE = ".agentr1-dataset"
 {file: digest}}: what it wrote, and the content it wrote, so a file a user has edited since is
 never regenerated over."""
 MARKER_GENERATOR = "agentr1"
-CORE_QA_FIELDS = ("id", "question", "answers", "supporting_docs", "hops", "source")
-DOC_FIELDS = ("id", "title", "text")
 MIN_HOPS = 1
 MAX_HOPS = 4
 """What the sources make: synthetic 1-3 hops, HotpotQA 2, MuSiQue 2-4."""
@@ -95,6 +93,84 @@ def raise_errors(errors: list[DataError]) -> None:
 
 
 @dataclass(frozen=True)
+class FieldRule:
+    """What one field of a record must be. The one definition of the record rules: the loaders
+    check every row by them (:meth:`check`), and the Great Expectations suites
+    (``tasks/validation.py``) are built from them (:meth:`checks` on the helper columns of
+    :meth:`columns`), as ``agentr1.rollout.checks.RULES`` is for rollouts.
+
+    ``kind``: ``text`` (a non-blank string of at most ``MAX_FIELD_CHARS[name]`` characters),
+    ``texts`` (a list of such strings, empty only when ``allow_empty``) or ``int`` (an integer in
+    ``[lo, hi]``, ``lo >= 0``; JSON ``true`` is not one).
+    """
+
+    name: str
+    kind: str
+    allow_empty: bool = False
+    lo: int = 0
+    hi: int = 0
+
+    def __post_init__(self):
+        if self.kind not in ("text", "texts", "int") or (self.kind == "int" and not 0 <= self.lo <= self.hi):
+            raise ValueError(f"bad record rule {self}")
+
+    @property
+    def limit(self) -> int:
+        return MAX_FIELD_CHARS[self.name]
+
+    # -- the loaders' check of one row
+
+    def check(self, row: "_Checker") -> Any:
+        """The field's value in ``row``; raises DataError naming the field when it breaks the rule."""
+        if self.kind == "text":
+            return row.text(self.name)
+        if self.kind == "texts":
+            return row.text_list(self.name, self.allow_empty)
+        return row.int_between(self.name, self.lo, self.hi)
+
+    # -- the same rule as expectations on helper columns (Great Expectations)
+
+    def columns(self, obj: dict) -> dict[str, int]:
+        """Helper columns of one JSON object, always computable (-1 for a missing or mistyped field)."""
+        value = obj.get(self.name)
+        if self.kind == "text":
+            return {f"{self.name}_len": _text_length(value)}
+        if self.kind == "texts":
+            items = value if isinstance(value, list) else None
+            return {f"n_{self.name}": -1 if items is None else len(items),
+                    f"n_bad_{self.name}": 0 if items is None else
+                    sum(not 1 <= _text_length(v) <= self.limit for v in items)}
+        return {self.name: value if isinstance(value, int) and not isinstance(value, bool) else -1}
+
+    def checks(self) -> list[tuple[str, str, str, int | None, int | None]]:
+        """``(check name, rule in words, helper column, lo, hi)``: the column must lie in [lo, hi]."""
+        if self.kind == "text":
+            return [(self.name, f"{self.name} is a non-empty string of at most {self.limit} characters",
+                     f"{self.name}_len", 1, self.limit)]
+        if self.kind == "texts":
+            listed = "a list" if self.allow_empty else "a non-empty list"
+            return [(f"{self.name}_list", f"{self.name} is {listed}", f"n_{self.name}", 0 if self.allow_empty else 1,
+                     None),
+                    (f"{self.name}_items", f"every item of {self.name} is a non-empty string of at most "
+                                           f"{self.limit} characters", f"n_bad_{self.name}", 0, 0)]
+        return [(self.name, f"{self.name} is an integer in [{self.lo}, {self.hi}]", self.name, self.lo, self.hi)]
+
+
+def _text_length(value: Any) -> int:
+    """-1 for a non-string, 0 for a blank one, else its length (what the limits count)."""
+    if not isinstance(value, str):
+        return -1
+    return len(value) if value.strip() else 0
+
+
+QA_RULES = (FieldRule("id", "text"), FieldRule("question", "text"), FieldRule("answers", "texts"),
+            FieldRule("supporting_docs", "texts", allow_empty=True), FieldRule("hops", "int", lo=MIN_HOPS, hi=MAX_HOPS),
+            FieldRule("source", "text"))
+DOC_RULES = (FieldRule("id", "text"), FieldRule("title", "text"), FieldRule("text", "text"))
+CORE_QA_FIELDS = tuple(r.name for r in QA_RULES)
+
+
+@dataclass(frozen=True)
 class QARecord:
     """One question. ``meta`` holds every extra JSON field, written back unchanged."""
 
@@ -120,20 +196,11 @@ class QARecord:
 
     @classmethod
     def from_json(cls, obj: Any, path: str | os.PathLike = "<record>", line: int | None = None) -> "QARecord":
-        """Validate one parsed JSON row; raises DataError naming ``path``, ``line`` and the field."""
-        if not isinstance(obj, dict):
-            raise DataError(path, line, None, f"expected a JSON object, got {type(obj).__name__}")
-        err = _Checker(path, line, obj)
+        """Validate one parsed JSON row by ``QA_RULES``; raises DataError naming ``path``, ``line``
+        and the field."""
+        row = _Checker.of(obj, path, line)
         meta = {k: v for k, v in obj.items() if k not in CORE_QA_FIELDS}
-        return cls(
-            id=err.text("id"),
-            question=err.text("question"),
-            answers=err.text_list("answers", allow_empty=False),
-            supporting_docs=err.text_list("supporting_docs", allow_empty=True),
-            hops=err.int_between("hops", MIN_HOPS, MAX_HOPS),
-            source=err.text("source"),
-            meta=meta,
-        )
+        return cls(**{r.name: r.check(row) for r in QA_RULES}, meta=meta)
 
 
 @dataclass(frozen=True)
@@ -149,10 +216,9 @@ class Document:
 
     @classmethod
     def from_json(cls, obj: Any, path: str | os.PathLike = "<document>", line: int | None = None) -> "Document":
-        if not isinstance(obj, dict):
-            raise DataError(path, line, None, f"expected a JSON object, got {type(obj).__name__}")
-        err = _Checker(path, line, obj)
-        return cls(id=err.text("id"), title=err.text("title"), text=err.text("text"))
+        """Validate one parsed JSON row by ``DOC_RULES``."""
+        row = _Checker.of(obj, path, line)
+        return cls(**{r.name: r.check(row) for r in DOC_RULES})
 
 
 class _Checker:
@@ -160,6 +226,12 @@ class _Checker:
 
     def __init__(self, path: str | os.PathLike, line: int | None, obj: dict):
         self.path, self.line, self.obj = path, line, obj
+
+    @classmethod
+    def of(cls, obj: Any, path: str | os.PathLike, line: int | None) -> "_Checker":
+        if not isinstance(obj, dict):
+            raise DataError(path, line, None, f"expected a JSON object, got {type(obj).__name__}")
+        return cls(path, line, obj)
 
     def fail(self, name: str, message: str) -> DataError:
         return DataError(self.path, self.line, name, message)
