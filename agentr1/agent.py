@@ -31,7 +31,7 @@ from agentr1.data.records import MAX_FIELD_CHARS, QARecord
 
 if TYPE_CHECKING:
     from agentr1.env.base import Environment
-    from agentr1.rollout.engine import Trajectory
+    from agentr1.episode import Trajectory
 
 BATCH = 16
 """Questions per rollout call: the scoring server's largest request in the issue's load test."""

@@ -10,7 +10,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from agentr1.metrics import MODES
-from agentr1.rollout.engine import RolloutEngine, Trajectory
+from agentr1.episode import Trajectory
+from agentr1.rollout.engine import RolloutEngine
 
 # Episode metrics averaged into the report (all present in Trajectory.metrics).
 log = logging.getLogger("agentr1.train")

@@ -50,7 +50,8 @@ from agentr1.rl.sft import demo_returns, fit_value_head, pack_documents, pad_epi
 from agentr1.rollout.backend import HFBackend
 from agentr1.rollout.batch import collate, length_bucketed_batches
 from agentr1.rollout.checks import RolloutBatchError, check_batch, reward_bound
-from agentr1.rollout.engine import RolloutEngine, RolloutSettings, Trajectory
+from agentr1.episode import Trajectory
+from agentr1.rollout.engine import RolloutEngine, RolloutSettings
 from agentr1.rundir import (CURVE_FILE, HISTORY_FILE, SUMMARY_FILE, check_same_config, claim_run_dir,
                             ppo_identity, warmup_identity)
 
@@ -223,8 +224,9 @@ def cosine_schedule(optimizer, warmup: int, total: int, warmdown_ratio: float = 
 # ----------------------------------------------------------------------------- warm-up
 
 
-def expert_transcripts(ws: Workspace, n: int, seed: int):
-    """``n`` episodes of the environment's demonstrator over the train split (cycled if it is smaller)."""
+def play_demonstrations(ws: Workspace, n: int, seed: int) -> tuple[list[QARecord], list[Trajectory]]:
+    """``n`` episodes of the environment's demonstrator over the train split (cycled if it is
+    smaller), as text: :func:`encode_demonstrations` adds the ids."""
     agent = ws.env.demonstrator(ws.cfg.sft.expert, seed)
     train = ws.split("train")
     records = [train[i % len(train)] for i in range(n)]
@@ -258,7 +260,7 @@ def check_demonstrable(cfg: Config, ws: Workspace) -> None:
         raise DataError(split_path(ws.data_dir, "train"), None, None, str(err)) from None
 
 
-def tokenizer_texts(ws: Workspace, records, transcripts) -> list[str]:
+def tokenizer_texts(ws: Workspace, records, demos) -> list[str]:
     """What the from-scratch tokenizer is trained on: the corpus, every question, and the
     expert episodes rendered exactly as the policy will see them (chat scaffolding, tool calls,
     tool responses), so frequent scaffolding becomes whole tokens."""
@@ -272,7 +274,7 @@ def tokenizer_texts(ws: Workspace, records, transcripts) -> list[str]:
         texts += [ws.env.user_prompt(r) for r in split[:TOKENIZER_MAX_EPISODES]]
     # Rendering needs only the chat template, not a good vocabulary: a byte-level draft does.
     draft = ChatFormat(build_tokenizer(texts[:200], vocab_size=300), ws.tools)
-    for r, t in zip(records[:TOKENIZER_MAX_EPISODES], transcripts):
+    for r, t in zip(records[:TOKENIZER_MAX_EPISODES], demos):
         parts = [draft.prompt_text(ws.system_prompt, ws.env.user_prompt(r))]
         for k, turn in enumerate(t.turn_texts):
             parts.append(turn)
@@ -282,7 +284,7 @@ def tokenizer_texts(ws: Workspace, records, transcripts) -> list[str]:
     return texts
 
 
-def build_model(cfg: Config, ws: Workspace, records, transcripts):
+def build_model(cfg: Config, ws: Workspace, records, demos):
     """A fresh policy (scratch) or a pretrained one, with its tokenizer and chat format."""
     from models.chat import ChatFormat
     from models.policy import train_top_layers
@@ -297,7 +299,7 @@ def build_model(cfg: Config, ws: Workspace, records, transcripts):
         from models.policy import ModelSpec, build_policy
         from models.tokenizer import build_tokenizer
 
-        tokenizer = build_tokenizer(tokenizer_texts(ws, records, transcripts), vocab_size=cfg.model.vocab_size,
+        tokenizer = build_tokenizer(tokenizer_texts(ws, records, demos), vocab_size=cfg.model.vocab_size,
                                     phrases=ws.env.tokenizer_phrases())
         model = train_top_layers(build_policy(ModelSpec.from_config(cfg.model), tokenizer, seed=cfg.seed),
                                  cfg.model.trainable_layers)
@@ -317,25 +319,36 @@ def corpus_rows(ws: Workspace, tokenizer, block: int) -> torch.Tensor:
     return pack_documents(docs, block, tokenizer.eos_token_id)
 
 
-def encode_transcripts(chat, env: Environment, records, transcripts) -> list[tuple[list[int], list[int]]]:
+def encode_demonstrations(chat, env: Environment, records, demos: list[Trajectory]) -> list[Trajectory]:
+    """Fill in each played demonstration's ids, action mask, prompt length and turn ends, every
+    piece encoded exactly as in a rollout (``chat.encode_episodes``)."""
+    if not demos:
+        return demos
     system = env.system_turn()
-    return chat.encode_episodes([(system, env.user_prompt(r), t.turn_texts, t.observations)
-                                 for r, t in zip(records, transcripts)])
+    encoded = chat.encode_episodes([(system, env.user_prompt(r), t.turn_texts, t.observations)
+                                    for r, t in zip(records, demos)])
+    for t, (ids, mask) in zip(demos, encoded):
+        t.token_ids, t.action_mask, t.prompt_len = ids, mask, mask.index(1)
+        t.turn_ends = [j for j, m in enumerate(mask) if m and (j + 1 == len(mask) or not mask[j + 1])]
+    return demos
 
 
-def value_fit_batches(episodes, transcripts, pad_token_id: int, device, batch_size: int = 64):
+def _ids_and_masks(demos: list[Trajectory]) -> list[tuple[list[int], list[int]]]:
+    return [(t.token_ids, t.action_mask) for t in demos]
+
+
+def value_fit_batches(demos: list[Trajectory], pad_token_id: int, device, batch_size: int = 64):
     """Padded demonstrations with their returns-to-go, for :func:`fit_value_head` (a progress
     line when 20 s have passed: a pretrained model's forward passes take minutes)."""
     t0 = last = time.time()
-    for start in range(0, len(episodes), batch_size):
-        chunk = episodes[start:start + batch_size]
-        ids, attn, target = pad_episodes(chunk, pad_token_id)
-        demos = transcripts[start:start + batch_size]
-        returns = demo_returns(target, [t.process_rewards for t in demos], [t.outcome_reward for t in demos])
+    for start in range(0, len(demos), batch_size):
+        chunk = demos[start:start + batch_size]
+        ids, attn, target = pad_episodes(_ids_and_masks(chunk), pad_token_id)
+        returns = demo_returns(target, [t.process_rewards for t in chunk], [t.outcome_reward for t in chunk])
         yield ids.to(device), attn.to(device), target.to(device), returns.to(device)
         if time.time() - last >= 20:
             last = time.time()
-            log.info("warm-up: value fit %d/%d demonstrations  %.0fs", start + len(chunk), len(episodes), last - t0)
+            log.info("warm-up: value fit %d/%d demonstrations  %.0fs", start + len(chunk), len(demos), last - t0)
 
 
 def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
@@ -346,19 +359,19 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     t0 = time.time()
     # Playing the demonstrations takes a while before the first training step: say so.
     log.info("warm-up: playing %d demonstration episodes (%s environment)", demonstrations_needed(cfg), cfg.env.kind)
-    records, transcripts = expert_transcripts(ws, demonstrations_needed(cfg), cfg.seed)
-    expert_em = sum(t.metrics["em"] for t in transcripts) / len(transcripts) if transcripts else None
-    model, tokenizer, chat = build_model(cfg, ws, records, transcripts)
-    episodes = encode_transcripts(chat, ws.env, records, transcripts) if transcripts else []
-    if episodes:
+    records, demos = play_demonstrations(ws, demonstrations_needed(cfg), cfg.seed)
+    expert_em = sum(t.metrics["em"] for t in demos) / len(demos) if demos else None
+    model, tokenizer, chat = build_model(cfg, ws, records, demos)
+    demos = encode_demonstrations(chat, ws.env, records, demos)
+    if demos:
         log.info("warm-up: %d expert episodes (expert EM %.3f), %.1f action tokens/episode, built in %.1fs",
-                 len(episodes), expert_em, np.mean([sum(m) for _, m in episodes]), time.time() - t0)
+                 len(demos), expert_em, np.mean([t.n_action_tokens for t in demos]), time.time() - t0)
         if cfg.reward.process_enabled and cfg.reward.process_new_support and \
-                not any(t.metrics.get("retrieval_hit") for t in transcripts):
+                not any(t.metrics.get("retrieval_hit") for t in demos):
             log.warning("warm-up: no demonstration found a gold key (support recall 0 in all %d): the tools return "
                         "no keys that match the records' supporting_docs (a plain string has none; ToolOutput(text, "
                         "keys) gives them), so reward.process_new_support never pays and RL learns from the outcome "
-                        "and the per-call terms alone (docs/add-a-tool.md)", len(transcripts))
+                        "and the per-call terms alone (docs/add-a-tool.md)", len(demos))
 
     sft = cfg.sft
     corpus_steps = sft.corpus_steps if cfg.model.kind == "scratch" else 0
@@ -390,10 +403,10 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
         else:
             idx = next(batches, None)
             if idx is None:
-                batches = iter(length_bucketed_batches([len(e[0]) for e in episodes], sft.batch_size, gen))
+                batches = iter(length_bucketed_batches([len(t.token_ids) for t in demos], sft.batch_size, gen))
                 idx = next(batches)
             ids, attn, target = (x.to(ws.device)
-                                 for x in pad_episodes([episodes[i] for i in idx], chat.pad_token_id))
+                                 for x in pad_episodes(_ids_and_masks([demos[i] for i in idx]), chat.pad_token_id))
         with acc.autocast():
             loss, metrics = sft_loss(model, ids, attn, target)
         prefix = "sft/corpus_" if on_corpus else "sft/"
@@ -424,15 +437,14 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
         assert_finite_outputs(model, ids, attn, f"warm-up (after {total} steps)")
     value_r2 = None
     if sft.value_fit_episodes:
-        n = min(sft.value_fit_episodes, len(episodes))
+        n = min(sft.value_fit_episodes, len(demos))
         with acc.autocast():  # the trunk's forward passes at the training precision (bf16: ~3x faster)
-            value_r2 = fit_value_head(model, value_fit_batches(episodes[:n], transcripts[:n], chat.pad_token_id,
-                                                               ws.device))
+            value_r2 = fit_value_head(model, value_fit_batches(demos[:n], chat.pad_token_id, ws.device))
         log.info("warm-up: value head fitted to %d demonstrations' returns, R^2 %.3f", n, value_r2)
     out = Path(cfg.output_dir) / WARMUP_DIR
     save_actor_critic(model, tokenizer, out)
     # Written last: a warm-up directory is complete (and reusable) once its stats are there.
-    stats = {"expert_em": expert_em, "episodes": len(episodes), "steps": sft.steps, "corpus_steps": corpus_steps,
+    stats = {"expert_em": expert_em, "episodes": len(demos), "steps": sft.steps, "corpus_steps": corpus_steps,
              "value_fit_r2": value_r2, "skipped_steps": guard.skipped, "seconds": time.time() - t0,
              "final_loss": metrics.get("sft/loss", float("nan")), "config": warmup_identity(cfg)}
     write_json(out / WARMUP_STATS, stats)

@@ -49,7 +49,7 @@ from agentr1.rl.guard import StepGuard
 from agentr1.rl.ppo import ppo_update, score_batch
 from agentr1.rollout.backend import SamplingSpec
 from agentr1.rollout.batch import collate
-from agentr1.rollout.engine import Trajectory
+from agentr1.episode import Trajectory
 from agentr1.trainer import make_accelerator, ppo_hyper
 from models.policy import ActorCritic, attention_for_precision, count_parameters
 from update_efficiency import matmul_peak, step_flops  # this directory's: the FLOP count and the peak

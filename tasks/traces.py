@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 from agentr1.env.protocol import parse_turn
-from agentr1.rollout.engine import Trajectory
+from agentr1.episode import Trajectory
 from tasks import tracking
 
 log = logging.getLogger("agentr1.tasks.traces")

@@ -27,7 +27,7 @@ from cli.main import main
 from agentr1.config import ModelConfig, load_config
 from agentr1.data.records import corpus_path, load_dataset
 from agentr1.env.rewards import exact_match
-from agentr1.rollout.engine import Trajectory
+from agentr1.episode import Trajectory
 from agentr1.trainer import ensure_data
 from tasks import tracking
 

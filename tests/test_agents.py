@@ -9,7 +9,7 @@ import pytest
 from agentr1.data import synth
 from agentr1.env import agents
 from agentr1.env.agents import ExpertNoise, NoisyExpertAgent, OracleAgent
-from agentr1.env.episodes import run_episode, run_episodes
+from agentr1.env.episodes import chat_messages, run_episode, run_episodes
 from agentr1.env.protocol import TOOL_RESPONSE_START, parse_turn
 from agentr1.config import EnvConfig, RewardConfig
 from agentr1.env.qa_env import EnvSettings, QAEnv
@@ -78,11 +78,14 @@ def test_transcript_is_a_chat(world):
     records, index = world
     env = _env(index)
     t = run_episode(env, OracleAgent(), records[0])
-    roles = [m["role"] for m in t.messages]
-    assert roles[:2] == ["system", "user"] and t.messages[0]["content"] == env.system_prompt()
-    assert t.messages[1]["content"] == env.user_prompt(records[0])
+    messages = chat_messages(env.system_prompt(), env.user_prompt(records[0]), t)
+    roles = [m["role"] for m in messages]
+    assert roles[:2] == ["system", "user"] and messages[0]["content"] == env.system_prompt()
+    assert messages[1]["content"] == env.user_prompt(records[0])
     assert roles[2:] == ["assistant", "tool"] * len(t.observations) + ["assistant"]
-    assert [m["content"] for m in t.messages if m["role"] == "tool"] == t.observations
+    assert [m["content"] for m in messages if m["role"] == "tool"] == t.observations
+    assert [m["content"] for m in messages if m["role"] == "assistant"] == t.turn_texts
+    assert t.record_id == records[0].id and t.token_ids == [] and t.rollout_logprobs == []  # text only
     assert all(not o.startswith(TOOL_RESPONSE_START) for o in t.observations)  # the template wraps
     assert len(t.turn_texts) == len(t.process_rewards) == len(t.observations) + 1
     assert t == run_episodes(env, OracleAgent(), records[:1])[0]
@@ -100,21 +103,25 @@ def test_noisy_expert_defaults_are_systematically_wrong_on_three_hops(world):
     assert sum(t.metrics["n_bad_calls"] for t in transcripts) > 0
 
 
+def _chat(t) -> tuple[list[str], list[str]]:
+    return t.turn_texts, t.observations
+
+
 def test_noisy_expert_is_deterministic_per_seed_and_record(world):
     records, index = world
     env = _env(index)
     first = run_episodes(env, NoisyExpertAgent(ExpertNoise(seed=3)), records)
     again = run_episodes(env, NoisyExpertAgent(ExpertNoise(seed=3)), records[::-1])[::-1]
-    assert [t.messages for t in first] == [t.messages for t in again]
+    assert [_chat(t) for t in first] == [_chat(t) for t in again]
     other = run_episodes(env, NoisyExpertAgent(ExpertNoise(seed=4)), records)
-    assert sum(a.messages != b.messages for a, b in zip(first, other)) > len(records) // 10
+    assert sum(_chat(a) != _chat(b) for a, b in zip(first, other)) > len(records) // 10
 
 
 def test_noisy_expert_without_noise_is_the_oracle(world):
     records, index = world
     env = _env(index)
     noisy = run_episodes(env, NoisyExpertAgent(CLEAN), records)
-    assert [t.messages for t in noisy] == [t.messages for t in run_episodes(env, OracleAgent(), records)]
+    assert [_chat(t) for t in noisy] == [_chat(t) for t in run_episodes(env, OracleAgent(), records)]
 
 
 def test_stop_short_answers_the_hop_two_value(world):

@@ -36,7 +36,7 @@ TOL = 1e-5
 def fixed_batch(vocab: int, n: int = 10):
     """``n`` episodes of 2 turns with varied lengths, rewards and log-probs (seeded)."""
     from agentr1.rollout.batch import collate
-    from agentr1.rollout.engine import Trajectory
+    from agentr1.episode import Trajectory
 
     g = torch.Generator().manual_seed(0)
     trajs = []

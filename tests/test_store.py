@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from agentr1.rollout import store
-from agentr1.rollout.engine import Trajectory
+from agentr1.episode import Trajectory
 
 
 def make_trajectories() -> list[Trajectory]:

@@ -6,7 +6,7 @@ import mlflow
 from mlflow.entities import SpanType
 
 from agentr1.env.protocol import format_answer, format_call
-from agentr1.rollout.engine import Trajectory
+from agentr1.episode import Trajectory
 from tasks import traces, tracking
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from agentr1.rollout.engine import Trajectory
+from agentr1.episode import Trajectory
 
 
 @dataclass

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from agentr1.fsutil import atomic_file
-from agentr1.rollout.engine import Trajectory
+from agentr1.episode import Trajectory
 
 VERSION_CHARS = 12
 FORMAT_VERSION = "1"
