@@ -33,6 +33,7 @@ from accelerate.utils import gather_object, get_int_from_env
 
 from agentr1 import checkpoint as ckpt
 from agentr1.config import TRAIN_STAGES, Config, ConfigError
+from agentr1.data.convert import DEFAULT_DEV_FRACTION, DEFAULT_TEST_FRACTION, SYNTHETIC, convert_to_dataset
 from agentr1.data.records import (DataError, QARecord, generation_needed, load_corpus_dir, load_dataset, split_path,
                                   write_dataset)
 from agentr1.env.base import Environment, NoDemonstrations
@@ -81,12 +82,21 @@ def resolve_device(cfg: Config) -> torch.device:
     return torch.device(cfg.device)
 
 
-def ensure_data(cfg: Config) -> Path:
-    """The dataset directory, generating the synthetic world there only when the directory does
-    not exist or is an incomplete one agentr1 generated (marker). Any other directory is left as
-    it is for the loader to judge: an incomplete one is refused, naming what is missing."""
+def ensure_data(cfg: Config, source: str = SYNTHETIC, input_path: str | None = None,
+                fractions: tuple[float, float] = (DEFAULT_DEV_FRACTION, DEFAULT_TEST_FRACTION)) -> Path:
+    """The dataset directory, made there only when the directory does not exist or is an
+    incomplete one agentr1 generated (marker): the environment's synthetic world, or ``input_path``
+    converted by ``source`` (a ``SOURCE_KINDS`` converter) into train/dev/test by ``fractions``
+    (dev, test). Any other directory is left as it is for the loader to judge: an incomplete one
+    is refused, naming what is missing."""
     data_dir = Path(cfg.data.dir)
-    if generation_needed(data_dir):
+    if not generation_needed(data_dir):
+        return data_dir
+    if source != SYNTHETIC:
+        if not input_path:
+            raise ValueError(f"data source {source!r} needs an input file (data.input)")
+        convert_to_dataset(source, input_path, data_dir, fractions=fractions)
+    else:
         log.info("generating the %s environment's synthetic data (seed %d) into %s",
                  cfg.env.kind, cfg.data.synth.seed, data_dir)
         generated = synth_data(cfg)

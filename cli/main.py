@@ -147,7 +147,7 @@ def cmd_data_validate(args: argparse.Namespace) -> int:
 
 
 def _add_data(subparsers: argparse._SubParsersAction) -> None:
-    from agentr1.data.convert import CONVERTERS, DEFAULT_SPLIT
+    from agentr1.data.convert import CONVERTERS, DEFAULT_DEV_FRACTION, DEFAULT_SPLIT
 
     data = subparsers.add_parser("data", help="build, convert and inspect QA datasets")
     sub = data.add_subparsers(dest="data_command", required=True, metavar="{synth,convert,validate,retrieval-eval}")
@@ -183,7 +183,7 @@ def _add_data(subparsers: argparse._SubParsersAction) -> None:
     convert.add_argument("--test-fraction", type=float, default=None,
                          help="instead of --split: train/dev/test by a stable hash of each id, this share in test")
     convert.add_argument("--dev-fraction", type=float, default=None,
-                         help="with --test-fraction: this share in dev (default 0.1), the rest in train")
+                         help=f"with --test-fraction: this share in dev (default {DEFAULT_DEV_FRACTION}), the rest in train")
     convert.set_defaults(func=cmd_data_convert)
 
     validate = sub.add_parser("validate", help="check a dataset dir (the schema every entry point uses); prints counts")

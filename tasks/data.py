@@ -19,7 +19,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from agentr1.config import Config
-from agentr1.data.records import MARKER_FILE, DataError, generation_needed
+from agentr1.data.records import MARKER_FILE, DataError
 from agentr1.trainer import ensure_data
 from tasks import tracking
 from tasks.params import DataSource
@@ -117,30 +117,6 @@ def version_dataset(data_dir: Path, record: bool, source: str) -> DataVersion:
                        recorded, source)
 
 
-# ----------------------------------------------------------------------------- making data
-
-
-def convert_dataset(source: DataSource, out_dir: Path) -> None:
-    """HotpotQA / MuSiQue -> ``out_dir`` with train/dev/test splits by id hash."""
-    from agentr1.data.convert import convert_to_dataset
-
-    if not source.input:
-        raise ValueError(f"data source {source.kind!r} needs an input file (data.input)")
-    convert_to_dataset(source.kind, source.input, out_dir, fractions=(source.dev_fraction, source.test_fraction))
-
-
-def make_data(cfg: Config, source: DataSource) -> None:
-    """Generate or convert the dataset into ``cfg.data.dir`` when it is absent, or an incomplete
-    one agentr1 generated (a DataError for an incomplete directory agentr1 did not make)."""
-    data_dir = Path(cfg.data.dir)
-    if not generation_needed(data_dir):
-        return
-    if source.kind == "synthetic":
-        ensure_data(cfg)
-    else:
-        convert_dataset(source, data_dir)
-
-
 @task(name="prepare-data", cache_policy=NO_CACHE)
 def prepare_data(cfg: Config, source: DataSource, run_id: str | None = None) -> DataVersion:
     """Make the dataset in ``cfg.data.dir`` if it is not there (synthetic or converted),
@@ -175,7 +151,7 @@ def dataset_reports(cfg: Config, source: DataSource) -> list[ValidationReport]:
     when absent (a directory it may not generate into fails the ``records`` check), then
     ``validate_dataset`` (the engine's schema check, then the GX suites). Prefect-free."""
     try:
-        make_data(cfg, source)
+        ensure_data(cfg, source.kind, source.input, (source.dev_fraction, source.test_fraction))
     except DataError as err:
         return [records_report(cfg.data.dir, getattr(err, "errors", [err]))]
     return validate_dataset(cfg.data.dir, cfg.env.kind)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentr1.config import Config, Estimator, load_config
 from agentr1.env.registry import resolve
-from agentr1.data.convert import DEFAULT_DEV_FRACTION
+from agentr1.data.convert import DEFAULT_DEV_FRACTION, DEFAULT_TEST_FRACTION, SOURCE_KINDS, SYNTHETIC
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = "conf"
@@ -53,11 +53,12 @@ class ConfigForm(_Form):
 class DataSource(_Form):
     """Where the dataset comes from when ``data.dir`` does not hold one yet."""
 
-    kind: Literal["synthetic", "hotpotqa", "musique"] = Field(
-        "synthetic", description="synthetic: generated from data.synth; hotpotqa / musique: converted from `input`.")
+    kind: Literal[SOURCE_KINDS] = Field(  # type: ignore[valid-type]  (the converters' names)
+        SYNTHETIC, description="synthetic: generated from data.synth; the others (hotpotqa, musique, ...): "
+                               "converted from `input`.")
     input: str | None = Field(None, description="HotpotQA / MuSiQue JSON or JSON-lines file (converters only).")
     dev_fraction: float = Field(DEFAULT_DEV_FRACTION, ge=0, lt=1, description="Share of converted records put in the dev split.")
-    test_fraction: float = Field(0.2, gt=0, lt=1, description="Share of converted records put in the test split.")
+    test_fraction: float = Field(DEFAULT_TEST_FRACTION, gt=0, lt=1, description="Share of converted records put in the test split.")
     version: bool = Field(True, description="Record the dataset with `dvc add` when it lies in the DVC repo.")
 
 

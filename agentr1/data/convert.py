@@ -227,6 +227,11 @@ CONVERTERS: dict[str, Callable[[_Row, _Pool], QARecord | None]] = {
 }
 
 
+SYNTHETIC = "synthetic"
+SOURCE_KINDS = (SYNTHETIC, *sorted(CONVERTERS))
+"""Where a dataset comes from: the environment's generator, or one of the converters."""
+
+
 def convert(fmt: str, input_path: str | os.PathLike) -> tuple[list[QARecord], list[Document]]:
     """Records (input order, unconvertible ones skipped) and the pooled paragraph corpus."""
     if fmt not in CONVERTERS:
@@ -249,6 +254,7 @@ def convert(fmt: str, input_path: str | os.PathLike) -> tuple[list[QARecord], li
 HASH_BUCKETS = 10_000
 """Resolution of the id-hash split of converted records."""
 DEFAULT_DEV_FRACTION = 0.1
+DEFAULT_TEST_FRACTION = 0.2
 
 
 def split_of(record_id: str, dev_fraction: float, test_fraction: float) -> str:
