@@ -147,7 +147,8 @@ class Agent:
         resources = Path(resources)
         env = build_env(cfg, resources)
         # A Workspace without splits: the one place that says which tools the prompt shows.
-        ws = Workspace(cfg, resources if resources.is_dir() else resources.parent, {}, env, resolve_device(cfg))
+        ws = Workspace(resources if resources.is_dir() else resources.parent, {}, env, resolve_device(cfg),
+                       cfg.env.tools_in_prompt)
         self.env = env
         model, self.tokenizer = load_actor_critic(policy_dir, device=ws.device)
         self.cfg = cfg

@@ -110,18 +110,21 @@ def ensure_data(cfg: Config, source: str = SYNTHETIC, input_path: str | None = N
 
 @dataclass
 class Workspace:
-    """Data, environment (with its tools) and device for one run (built once, shared by the stages)."""
+    """Data, environment (with its tools) and device, built once and shared by the stages (and by
+    the runs of an ablation). It holds no config: every stage reads its own ``cfg``, the one
+    place its settings come from."""
 
-    cfg: Config
     data_dir: Path
     splits: dict[str, list[QARecord]]
     env: Environment
     device: torch.device
+    tools_in_prompt: bool = False
+    """``env.tools_in_prompt`` of the config it was built from: part of the environment."""
 
     @property
     def tools(self) -> list[dict] | None:
         """Tool schemas for the chat template, or None when the prompt leaves them out."""
-        return self.env.tools if self.cfg.env.tools_in_prompt else None
+        return self.env.tools if self.tools_in_prompt else None
 
     def split(self, name: str) -> list[QARecord]:
         """The records of split ``name``; a :class:`DataError` naming the missing file when the
@@ -140,7 +143,7 @@ class Workspace:
     def build(cls, cfg: Config) -> "Workspace":
         data_dir = ensure_data(cfg)
         splits, _ = load_dataset(data_dir)  # the one schema check: bad data stops here, before any write
-        return cls(cfg, data_dir, splits, build_env(cfg, data_dir), resolve_device(cfg))
+        return cls(data_dir, splits, build_env(cfg, data_dir), resolve_device(cfg), cfg.env.tools_in_prompt)
 
 
 def make_engine(cfg: Config, env: Environment, model, tokenizer, chat, device) -> RolloutEngine:
@@ -234,10 +237,10 @@ def cosine_schedule(optimizer, warmup: int, total: int, warmdown_ratio: float = 
 # ----------------------------------------------------------------------------- warm-up
 
 
-def play_demonstrations(ws: Workspace, n: int, seed: int) -> tuple[list[QARecord], list[Trajectory]]:
+def play_demonstrations(cfg: Config, ws: Workspace, n: int) -> tuple[list[QARecord], list[Trajectory]]:
     """``n`` episodes of the environment's demonstrator over the train split (cycled if it is
     smaller), as text: :func:`encode_demonstrations` adds the ids."""
-    agent = ws.env.demonstrator(ws.cfg.sft.expert, seed)
+    agent = ws.env.demonstrator(cfg.sft.expert, cfg.seed)
     train = ws.split("train")
     records = [train[i % len(train)] for i in range(n)]
     return records, run_episodes(ws.env, agent, records)
@@ -369,7 +372,7 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     t0 = time.time()
     # Playing the demonstrations takes a while before the first training step: say so.
     log.info("warm-up: playing %d demonstration episodes (%s environment)", demonstrations_needed(cfg), cfg.env.kind)
-    records, demos = play_demonstrations(ws, demonstrations_needed(cfg), cfg.seed)
+    records, demos = play_demonstrations(cfg, ws, demonstrations_needed(cfg))
     expert_em = sum(t.metrics["em"] for t in demos) / len(demos) if demos else None
     model, tokenizer, chat = build_model(cfg, ws, records, demos)
     demos = encode_demonstrations(chat, ws.env, records, demos)

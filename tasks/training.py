@@ -13,7 +13,6 @@ Run layout (``cfg.output_dir``): the trainer's (``warmup/``, ``checkpoints/last/
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import threading
@@ -63,8 +62,8 @@ def _data_fingerprint(data_dir: Path) -> tuple:
 
 
 def workspace(cfg: Config) -> Workspace:
-    """``Workspace.build(cfg)``, its data and environment shared by tasks with the same data,
-    environment, rewards and device (the rest of ``cfg`` is the caller's own)."""
+    """``Workspace.build(cfg)``, shared by tasks with the same data, environment, rewards and
+    device (what it is built from; the rest of ``cfg`` is the caller's own)."""
     data_dir = Path(cfg.data.dir)
     key = (cfg.data.model_dump_json(), cfg.env.model_dump_json(), cfg.reward.model_dump_json(), cfg.device,
            _data_fingerprint(data_dir) if data_dir.exists() else ())
@@ -72,7 +71,7 @@ def workspace(cfg: Config) -> Workspace:
         if key not in _WORKSPACES:
             _WORKSPACES.clear()  # one dataset at a time: a stale one is never reused
             _WORKSPACES[key] = Workspace.build(cfg)
-        return dataclasses.replace(_WORKSPACES[key], cfg=cfg)
+        return _WORKSPACES[key]
 
 
 def metrics_logger(run_id: str | None):

@@ -21,7 +21,7 @@ from test_trainer import TINY
 from agentr1.config import ConfigError, load_config
 from agentr1.data.convert import split_of
 from agentr1.data.records import load_dataset
-from agentr1.trainer import PPOSession, ensure_data
+from agentr1.trainer import PPOSession, ensure_data, play_demonstrations
 from tasks import tracking
 from tasks.ablation import AblationParams
 from tasks.data import dir_hash, recorded_hash, version_dataset
@@ -179,7 +179,10 @@ def test_tasks_share_one_workspace_but_keep_their_own_config(data_dir, tmp_path)
 
     a, b, c = (resolve_config(form(data_dir, tmp_path, *extra), "test")
                for extra in ([], ["sft.expert.distractor=0.5"], ["env.top_k=2"]))
-    assert workspace(b).env is workspace(a).env and workspace(b).cfg.sft.expert.distractor == 0.5
+    assert workspace(b) is workspace(a) and not hasattr(workspace(a), "cfg")  # the config is each stage's own
+    # ... so the demonstrator plays by the caller's settings, not by those the workspace was built for
+    texts = [[d.turn_texts for d in play_demonstrations(cfg, workspace(cfg), 60)[1]] for cfg in (a, b)]
+    assert texts[0] != texts[1]
     assert workspace(c).env is not workspace(a).env and workspace(c).env.settings.top_k == 2
 
 
