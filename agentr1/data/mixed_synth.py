@@ -30,6 +30,7 @@ from agentr1.data.sql_synth import (
 from agentr1.data.synth import (
     DEFAULT_NAMES,
     LOOKALIKES_PER_QUESTION,
+    SIZES,
     SPLITS,
     Name,
     _corpus,
@@ -99,9 +100,9 @@ def _finish(record: QARecord, doc_ids: list[str]) -> QARecord:
 
 def generate(
     seed: int,
-    n_train: int = 4000,
-    n_dev: int = 200,
-    n_test: int = 300,
+    n_train: int = SIZES.n_train,
+    n_dev: int = SIZES.n_dev,
+    n_test: int = SIZES.n_test,
     hop_weights: Sequence[float] = DEFAULT_HOP_WEIGHTS,
     names: str = DEFAULT_NAMES,
 ) -> tuple[dict[str, list[QARecord]], list[Document], dict[str, bytes]]:

@@ -40,6 +40,7 @@ from agentr1.data.synth import (
     DEFAULT_HOP_WEIGHTS,
     DEFAULT_NAMES,
     MAIN_RELATIONS,
+    SIZES,
     SPLITS,
     Name,
     _hop_counts,
@@ -200,9 +201,9 @@ def build_database(rows: _Rows, rng: random.Random) -> bytes:
 
 def generate(
     seed: int,
-    n_train: int = 4000,
-    n_dev: int = 200,
-    n_test: int = 300,
+    n_train: int = SIZES.n_train,
+    n_dev: int = SIZES.n_dev,
+    n_test: int = SIZES.n_test,
     hop_weights: Sequence[float] = DEFAULT_HOP_WEIGHTS,
     names: str = DEFAULT_NAMES,
 ) -> tuple[dict[str, list[QARecord]], list[Document], dict[str, bytes]]:

@@ -37,6 +37,8 @@ from agentr1.data.records import Document, QARecord
 SOURCE = "synthetic"
 SPLITS = ("train", "dev", "test")
 DEFAULT_HOP_WEIGHTS = (0.25, 0.35, 0.40)
+SIZES = SynthConfig()
+"""The split sizes every generator defaults to: the config's (``data.synth``)."""
 # Documents are read by a ~1M-parameter model inside a short context: keep them short.
 MIN_DOC_WORDS = 12
 MAX_DOC_WORDS = 30
@@ -486,9 +488,9 @@ def check_hop_weights(hop_weights: Sequence[float]) -> None:
 
 def generate(
     seed: int,
-    n_train: int = 4000,
-    n_dev: int = 200,
-    n_test: int = 300,
+    n_train: int = SIZES.n_train,
+    n_dev: int = SIZES.n_dev,
+    n_test: int = SIZES.n_test,
     hop_weights: Sequence[float] = DEFAULT_HOP_WEIGHTS,
     names: str = DEFAULT_NAMES,
 ) -> tuple[dict[str, list[QARecord]], list[Document]]:
