@@ -134,11 +134,6 @@ class Workspace:
                             f"no {name} split (the dataset has {sorted(self.splits)})")
         return self.splits[name]
 
-    @property
-    def system_prompt(self) -> str | None:
-        """The system message, None when configured empty (no system turn at all)."""
-        return self.env.system_turn()
-
     @classmethod
     def build(cls, cfg: Config) -> "Workspace":
         data_dir = ensure_data(cfg)
@@ -288,7 +283,7 @@ def tokenizer_texts(ws: Workspace, records, demos) -> list[str]:
     # Rendering needs only the chat template, not a good vocabulary: a byte-level draft does.
     draft = ChatFormat(build_tokenizer(texts[:200], vocab_size=300), ws.tools)
     for r, t in zip(records[:TOKENIZER_MAX_EPISODES], demos):
-        parts = [draft.prompt_text(ws.system_prompt, ws.env.user_prompt(r))]
+        parts = [draft.prompt_text(ws.env.system_turn(), ws.env.user_prompt(r))]
         for k, turn in enumerate(t.turn_texts):
             parts.append(turn)
             if k < len(t.observations):

@@ -247,7 +247,7 @@ def run_trl(cfg, ws: Workspace, warmup_dir: Path, scratch: Path) -> Side:
         rows += [{"prompt": [{"role": "user", "content": ws.env.user_prompt(r)}], "qid": r.id} for r in records]
     QAToolEnv.env = ws.env
     QAToolEnv.records = {r.id: r for r in train}
-    prompt_len = max(len(chat.prompt_ids(ws.system_prompt, row["prompt"][0]["content"])) for row in rows)
+    prompt_len = max(len(chat.prompt_ids(ws.env.system_turn(), row["prompt"][0]["content"])) for row in rows)
 
     args = GRPOConfig(
         output_dir=str(scratch / "trl"), report_to="none", save_strategy="no", logging_steps=1,
