@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import random
 import shutil
 import time
@@ -28,8 +27,8 @@ from typing import Callable
 
 import numpy as np
 import torch
-from accelerate import Accelerator, PartialState
-from accelerate.utils import gather_object, get_int_from_env
+from accelerate import PartialState
+from accelerate.utils import gather_object
 
 from agentr1 import checkpoint as ckpt
 from agentr1.config import TRAIN_STAGES, Config, ConfigError
@@ -39,19 +38,20 @@ from agentr1.data.records import (DataError, QARecord, generation_needed, load_c
 from agentr1.env.base import Environment, NoDemonstrations
 from agentr1.env.episodes import run_episodes
 from agentr1.env.registry import build_env, synth_data
+from agentr1.episode import Trajectory
 from agentr1.metrics import HEADLINE_KEYS
 from agentr1.errors import UserError
 from agentr1.evaluate import EvalResult, evaluate, render_trajectory
 from agentr1.fsutil import recover_dir, verify_manifest, write_json
 from agentr1.rl.control import DEV_SCORE, adapt_kl_coef, dev_score, lr_warmup_factor, stop_reason
 from agentr1.rl.guard import StepGuard, TrainingDiverged, assert_finite_outputs
-from agentr1.rl.optim import MuonWithAdamW, muon_groups
+from agentr1.rl.distributed import launched_processes, make_accelerator, native_bf16
+from agentr1.rl.optim import MuonWithAdamW, cosine_schedule, muon_groups
 from agentr1.rl.ppo import PPOHyper, ppo_update, score_batch
-from agentr1.rl.sft import demo_returns, fit_value_head, pack_documents, pad_episodes, sft_loss
+from agentr1.rl.sft import fit_value_head, ids_and_masks, pack_documents, pad_episodes, sft_loss, value_fit_batches
 from agentr1.rollout.backend import HFBackend
 from agentr1.rollout.batch import collate, length_bucketed_batches
 from agentr1.rollout.checks import RolloutBatchError, check_batch, reward_bound
-from agentr1.episode import Trajectory
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings
 from agentr1.rundir import (CURVE_FILE, HISTORY_FILE, SUMMARY_FILE, check_same_config, claim_run_dir,
                             ppo_identity, warmup_identity)
@@ -159,74 +159,6 @@ def make_engine(cfg: Config, env: Environment, model, tokenizer, chat, device) -
     settings = RolloutSettings(cfg.env.max_turn_tokens, cfg.env.max_context_tokens,
                                cfg.rollout.temperature, cfg.rollout.top_p)
     return RolloutEngine(backend, chat, tokenizer, env, settings)
-
-
-def launched_processes() -> int:
-    """How many processes the launcher started (torchrun or MPI), read as accelerate reads it,
-    without starting the process group."""
-    return get_int_from_env(["PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "WORLD_SIZE"], 1)
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` computes in bf16 natively: a CUDA GPU that supports it, or a CPU with AMX
-    or AVX-512 BF16 (Linux: /proc/cpuinfo). Elsewhere bf16 is emulated and slower than fp32 (an
-    AMD EPYC without AVX-512 took minutes for what fp32 does in seconds)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return bool({"amx_bf16", "avx512_bf16"} & set(flags))
-
-
-def training_precision(setting: str, device: torch.device) -> str:
-    """``ppo.mixed_precision`` as accelerate takes it: ``auto`` is ``bf16`` where
-    :func:`native_bf16`, else ``no``; ``bf16`` and ``no`` are kept as the user set them."""
-    if setting != "auto":
-        return setting
-    chosen = "bf16" if native_bf16(device) else "no"
-    log.info("mixed precision auto -> %s (%s)", chosen, "native bf16 on this device" if chosen == "bf16"
-             else "no native bf16 on this device: fp32")
-    return chosen
-
-
-def make_accelerator(cfg: Config, device: torch.device, mixed_precision: str, grad_accum: int) -> Accelerator:
-    """The accelerator of a training stage at ``mixed_precision`` (:func:`training_precision`; the
-    precision it chose is ``acc.mixed_precision``)."""
-    # Accelerate keeps process-wide state; reset it so several runs in one process
-    # (tests, ablations) can each choose their own precision.
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    acc = Accelerator(cpu=device.type == "cpu", mixed_precision=training_precision(mixed_precision, device),
-                      gradient_accumulation_steps=grad_accum)
-    if acc.num_processes == 1 and "MASTER_ADDR" in os.environ and launched_processes() == 1:
-        # accelerate's simple launcher sets MASTER_ADDR for --num_processes > 1 but starts one process
-        log.warning("accelerate launch started one process only: for data-parallel PPO on CPUs use "
-                    "`accelerate launch --multi_gpu --num_processes N` (see agentr1/rl/distributed.py)")
-    return acc
-
-
-def cosine_schedule(optimizer, warmup: int, total: int, warmdown_ratio: float = 1.0
-                    ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up, constant, then a cosine decay to 0.1x over the last ``warmdown_ratio``
-    of the steps (1.0: cosine from the end of warm-up, as before; nanochat's "warmdown").
-
-    Holding the rate matters for a from-scratch model: copying forms abruptly after a few
-    hundred steps, and a cosine that has already halved the rate by then delays it
-    (docs/experiments/2026-11-30-learning-to-copy.md, item 4).
-    """
-    decay_start = max(warmup, total - round(warmdown_ratio * total))
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / max(warmup, 1)
-        progress = (step - decay_start) / max(total - decay_start, 1)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 # ----------------------------------------------------------------------------- warm-up
@@ -341,24 +273,6 @@ def encode_demonstrations(chat, env: Environment, records, demos: list[Trajector
     return demos
 
 
-def _ids_and_masks(demos: list[Trajectory]) -> list[tuple[list[int], list[int]]]:
-    return [(t.token_ids, t.action_mask) for t in demos]
-
-
-def value_fit_batches(demos: list[Trajectory], pad_token_id: int, device, batch_size: int = 64):
-    """Padded demonstrations with their returns-to-go, for :func:`fit_value_head` (a progress
-    line when 20 s have passed: a pretrained model's forward passes take minutes)."""
-    t0 = last = time.time()
-    for start in range(0, len(demos), batch_size):
-        chunk = demos[start:start + batch_size]
-        ids, attn, target = pad_episodes(_ids_and_masks(chunk), pad_token_id)
-        returns = demo_returns(target, [t.process_rewards for t in chunk], [t.outcome_reward for t in chunk])
-        yield ids.to(device), attn.to(device), target.to(device), returns.to(device)
-        if time.time() - last >= 20:
-            last = time.time()
-            log.info("warm-up: value fit %d/%d demonstrations  %.0fs", start + len(chunk), len(demos), last - t0)
-
-
 def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     """Supervised warm-up on noisy-expert transcripts; saves and returns (model, tokenizer, chat)."""
     from models.policy import attention_for_precision, save_actor_critic
@@ -388,7 +302,7 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
         log.info("warm-up: %d corpus steps on %d rows of %d tokens, then %d steps on the demonstrations",
                  corpus_steps, len(rows), sft.corpus_block, sft.steps)
     total = corpus_steps + sft.steps
-    acc = make_accelerator(cfg, ws.device, cfg.ppo.mixed_precision, 1)
+    acc = make_accelerator(ws.device, cfg.ppo.mixed_precision, 1)
     attention_for_precision(model, ws.device, acc.mixed_precision)
     optimizer = (MuonWithAdamW(muon_groups(model, sft.muon_lr, sft.lr, sft.weight_decay))
                  if sft.optimizer == "muon" else
@@ -414,7 +328,7 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
                 batches = iter(length_bucketed_batches([len(t.token_ids) for t in demos], sft.batch_size, gen))
                 idx = next(batches)
             ids, attn, target = (x.to(ws.device)
-                                 for x in pad_episodes(_ids_and_masks([demos[i] for i in idx]), chat.pad_token_id))
+                                 for x in pad_episodes(ids_and_masks([demos[i] for i in idx]), chat.pad_token_id))
         with acc.autocast():
             loss, metrics = sft_loss(model, ids, attn, target)
         prefix = "sft/corpus_" if on_corpus else "sft/"
@@ -573,7 +487,7 @@ class PPOSession:
         self.guard = StepGuard(cfg.max_nonfinite_steps)
         bound = reward_bound(cfg.reward.model_dump(), cfg.env.max_turns)
         self.reward_bounds = (-bound, bound)
-        self.acc = make_accelerator(cfg, ws.device, p.mixed_precision, p.grad_accum)
+        self.acc = make_accelerator(ws.device, p.mixed_precision, p.grad_accum)
         attention_for_precision(model, ws.device, self.acc.mixed_precision)
         optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=p.lr, weight_decay=0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: lr_warmup_factor(it, p.lr_warmup_iters))

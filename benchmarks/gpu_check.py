@@ -50,7 +50,8 @@ from agentr1.rl.ppo import ppo_update, score_batch
 from agentr1.rollout.backend import SamplingSpec
 from agentr1.rollout.batch import collate
 from agentr1.episode import Trajectory
-from agentr1.trainer import make_accelerator, ppo_hyper
+from agentr1.rl.distributed import make_accelerator
+from agentr1.trainer import ppo_hyper
 from models.policy import ActorCritic, attention_for_precision, count_parameters
 from update_efficiency import matmul_peak, step_flops  # this directory's: the FLOP count and the peak
 
@@ -164,7 +165,7 @@ def main() -> None:
     # 3. the trainer's log-probs of the same tokens (bf16 autocast, fp32 weights)
     cfg = load_config(args.config, ["ppo.mixed_precision=bf16", f"ppo.episodes_per_iter={episodes}"])
     hp = ppo_hyper(cfg)
-    acc = make_accelerator(cfg, device, "bf16", 1)
+    acc = make_accelerator(device, "bf16", 1)
     attention_for_precision(model, device, "bf16")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.ppo.lr, weight_decay=0.0)
     model, optimizer = acc.prepare(model, optimizer)

@@ -40,7 +40,8 @@ from agentr1.rl.ppo import ppo_update, score_batch
 from agentr1.rl.sft import sft_loss
 from agentr1.rollout.batch import collate
 from agentr1.episode import Trajectory
-from agentr1.trainer import make_accelerator, native_bf16, ppo_hyper
+from agentr1.rl.distributed import make_accelerator, native_bf16
+from agentr1.trainer import ppo_hyper
 from models.policy import ModelSpec, attention_for_precision, build_policy, count_parameters, train_top_layers
 from models.pretrained import load_pretrained
 from models.tokenizer import build_tokenizer
@@ -156,7 +157,7 @@ def main() -> None:
     for precision in ("no", "bf16") if native else ("no",):
         model = make_model(cfg, tokenizer)
         attention_for_precision(model, torch.device("cpu"), precision)
-        acc = make_accelerator(cfg, torch.device("cpu"), precision, 1)
+        acc = make_accelerator(torch.device("cpu"), precision, 1)
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
         model, opt = acc.prepare(model, opt)
         vocab, bs = len(tokenizer), cfg.sft.batch_size

@@ -25,7 +25,7 @@ from mlflow.exceptions import MlflowException
 from agentr1.agent import MAX_QUESTION_CHARS, transcript
 from cli.main import main
 from agentr1.config import ModelConfig, load_config
-from agentr1.data.records import corpus_path, load_dataset
+from agentr1.data.records import load_dataset
 from agentr1.env.rewards import exact_match
 from agentr1.episode import Trajectory
 from agentr1.trainer import ensure_data

@@ -76,13 +76,14 @@ def one_update(case: str) -> dict:
     from agentr1.config import load_config
     from agentr1.rl.guard import StepGuard
     from agentr1.rl.ppo import ppo_update, score_batch
-    from agentr1.trainer import make_accelerator, ppo_hyper
+    from agentr1.rl.distributed import make_accelerator
+    from agentr1.trainer import ppo_hyper
 
     hp = ppo_hyper(load_config(None, [*COMMON, *CASES[case]]))
     model, ref = tiny_policy(seed=0), tiny_policy(seed=1)
     ref.eval().requires_grad_(False)
     batch = fixed_batch(len(tiny_tokenizer()))
-    acc = make_accelerator(None, torch.device("cpu"), "no", 1)
+    acc = make_accelerator(torch.device("cpu"), "no", 1)
     model, optimizer = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=LR))
     model.eval()
     scored, _ = score_batch(model, ref, batch, hp, acc)
@@ -141,12 +142,12 @@ def test_stages_other_than_ppo_are_refused_under_several_processes(tmp_path, mon
 
 
 def test_a_launch_that_started_one_process_of_several_is_named(monkeypatch, caplog):
-    from agentr1.trainer import make_accelerator
+    from agentr1.rl.distributed import make_accelerator
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # accelerate launch --cpu --num_processes 2, no MPI
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with caplog.at_level("WARNING", logger="agentr1.train"):
-        assert make_accelerator(None, torch.device("cpu"), "no", 1).num_processes == 1
+        assert make_accelerator(torch.device("cpu"), "no", 1).num_processes == 1
     assert "--multi_gpu --num_processes" in caplog.text
 
 

@@ -444,7 +444,7 @@ def test_lora_trains_only_adapters_and_value_head(qwen_dir, tmp_path):
 def test_pretrained_warm_up_without_steps_plays_no_expert(qwen_dir, tmp_path):
     """sft.steps=0 on a pretrained model with no value fit: the warm-up only saves the model
     with a value head; the scripted expert never runs."""
-    from agentr1.config import ModelConfig, load_config
+    from agentr1.config import load_config
     from agentr1.trainer import Workspace, warmup
 
     cfg = load_config("conf/train.yaml", [

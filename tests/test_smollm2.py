@@ -178,8 +178,9 @@ def test_one_ppo_update_moves_only_the_trainable_layers(world, smollm2_dir, tmp_
     """One masked-PPO update on a few real episodes, the top 2 of 30 layers trainable, the
     reference sharing the frozen layers: only the trainable parameters move, everything stays
     finite, and a saved checkpoint reloads to identical log-probs."""
-    from agentr1.config import Config, PPOConfig
-    from agentr1.trainer import make_accelerator, share_frozen_layers
+    from agentr1.config import PPOConfig
+    from agentr1.rl.distributed import make_accelerator
+    from agentr1.trainer import share_frozen_layers
     from agentr1.rl.ppo import PPOHyper
 
     chat, tok, env = world["chat"], world["tok"], world["env"]
@@ -206,7 +207,7 @@ def test_one_ppo_update_moves_only_the_trainable_layers(world, smollm2_dir, tmp_
     assert scored.trunk is not None and scored.trunk.shape[:2] == batch.input_ids.shape
     assert abs(metrics["actor/ref_kl"]) < 1e-6  # policy == reference before the update
     opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4)
-    acc = make_accelerator(Config(), torch.device("cpu"), "no", 1)
+    acc = make_accelerator(torch.device("cpu"), "no", 1)
     prepared, opt = acc.prepare(model, opt)
     out = ppo_update(prepared, opt, acc, batch, scored, hp, torch.Generator().manual_seed(0), StepGuard(8))
     assert out["actor/n_updates"] == 1 and all(torch.isfinite(q).all() for q in model.parameters())

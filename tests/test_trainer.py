@@ -178,13 +178,13 @@ def test_every_shipped_config_validates(path):
 
 
 def test_auto_precision_is_bf16_only_where_the_device_has_it_natively(monkeypatch):
-    from agentr1 import trainer
+    from agentr1.rl import distributed
 
     cpu = torch.device("cpu")
-    assert trainer.training_precision("bf16", cpu) == "bf16" and trainer.training_precision("no", cpu) == "no"
+    assert distributed.training_precision("bf16", cpu) == "bf16" and distributed.training_precision("no", cpu) == "no"
     for native, chosen in ((True, "bf16"), (False, "no")):
-        monkeypatch.setattr(trainer, "native_bf16", lambda device, native=native: native)
-        assert trainer.training_precision("auto", cpu) == chosen
+        monkeypatch.setattr(distributed, "native_bf16", lambda device, native=native: native)
+        assert distributed.training_precision("auto", cpu) == chosen
 
 
 STEERED = ("ppo.dev_every=2", "ppo.dev_examples=4", "ppo.kl_target=0.001", "ppo.kl_horizon=2",

@@ -30,7 +30,14 @@ One update on 2 processes equals one on 1 process within float rounding
 """
 from __future__ import annotations
 
+import logging
+import os
+
 import torch
+from accelerate import Accelerator
+from accelerate.utils import get_int_from_env
+
+log = logging.getLogger("agentr1.train")
 
 
 def row_shards(n: int, world: int) -> list[slice]:
@@ -72,3 +79,54 @@ def sum_gradients(accelerator, params: list[torch.nn.Parameter]) -> None:
         n = p.numel()
         p.grad = total[offset: offset + n].view_as(p).clone() if any_grad else None
         offset += n
+
+
+# ----------------------------------------------------------------------------- processes and precision
+
+
+def launched_processes() -> int:
+    """How many processes the launcher started (torchrun or MPI), read as accelerate reads it,
+    without starting the process group."""
+    return get_int_from_env(["PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "WORLD_SIZE"], 1)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes in bf16 natively: a CUDA GPU that supports it, or a CPU with AMX
+    or AVX-512 BF16 (Linux: /proc/cpuinfo). Elsewhere bf16 is emulated and slower than fp32 (an
+    AMD EPYC without AVX-512 took minutes for what fp32 does in seconds)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return bool({"amx_bf16", "avx512_bf16"} & set(flags))
+
+
+def training_precision(setting: str, device: torch.device) -> str:
+    """``ppo.mixed_precision`` as accelerate takes it: ``auto`` is ``bf16`` where
+    :func:`native_bf16`, else ``no``; ``bf16`` and ``no`` are kept as the user set them."""
+    if setting != "auto":
+        return setting
+    chosen = "bf16" if native_bf16(device) else "no"
+    log.info("mixed precision auto -> %s (%s)", chosen, "native bf16 on this device" if chosen == "bf16"
+             else "no native bf16 on this device: fp32")
+    return chosen
+
+
+def make_accelerator(device: torch.device, mixed_precision: str, grad_accum: int) -> Accelerator:
+    """The accelerator of a training stage at ``mixed_precision`` (:func:`training_precision`; the
+    precision it chose is ``acc.mixed_precision``)."""
+    # Accelerate keeps process-wide state; reset it so several runs in one process
+    # (tests, ablations) can each choose their own precision.
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    acc = Accelerator(cpu=device.type == "cpu", mixed_precision=training_precision(mixed_precision, device),
+                      gradient_accumulation_steps=grad_accum)
+    if acc.num_processes == 1 and "MASTER_ADDR" in os.environ and launched_processes() == 1:
+        # accelerate's simple launcher sets MASTER_ADDR for --num_processes > 1 but starts one process
+        log.warning("accelerate launch started one process only: for data-parallel PPO on CPUs use "
+                    "`accelerate launch --multi_gpu --num_processes N` (see this module)")
+    return acc

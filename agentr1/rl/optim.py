@@ -8,6 +8,8 @@ so one LR scheduler, ``accelerate`` and the checkpoint code see an ordinary opti
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -101,3 +103,23 @@ def muon_groups(model: nn.Module, muon_lr: float, adamw_lr: float, weight_decay:
         (muon if in_block and p.ndim == 2 else other).append(p)
     return [dict(params=muon, lr=muon_lr, weight_decay=weight_decay, muon=True),
             dict(params=other, lr=adamw_lr, weight_decay=weight_decay, muon=False)]
+
+
+def cosine_schedule(optimizer, warmup: int, total: int, warmdown_ratio: float = 1.0
+                    ) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up, constant, then a cosine decay to 0.1x over the last ``warmdown_ratio``
+    of the steps (1.0: cosine from the end of warm-up, as before; nanochat's "warmdown").
+
+    Holding the rate matters for a from-scratch model: copying forms abruptly after a few
+    hundred steps, and a cosine that has already halved the rate by then delays it
+    (docs/experiments/2026-11-30-learning-to-copy.md, item 4).
+    """
+    decay_start = max(warmup, total - round(warmdown_ratio * total))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(warmup, 1)
+        progress = (step - decay_start) / max(total - decay_start, 1)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -5,9 +5,15 @@ policy should learn to act, not to predict what the search engine returns.
 """
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 
+from agentr1.episode import Trajectory
 from agentr1.rl.core import compute_gae, logprobs_from_logits, place_at, place_outcome
+
+log = logging.getLogger("agentr1.train")
 
 
 def pad_episodes(episodes: list[tuple[list[int], list[int]]], pad_token_id: int
@@ -101,3 +107,22 @@ def fit_value_head(model, batches, ridge: float = 1e-2) -> float:
     sse = float(y @ y - 2 * w @ xty + w @ xtx @ w)
     sst = float(((y - y.mean()) ** 2).sum())
     return 1.0 - sse / max(sst, 1e-12)
+
+
+def ids_and_masks(demos: list[Trajectory]) -> list[tuple[list[int], list[int]]]:
+    """What :func:`pad_episodes` takes, of encoded demonstrations."""
+    return [(t.token_ids, t.action_mask) for t in demos]
+
+
+def value_fit_batches(demos: list[Trajectory], pad_token_id: int, device, batch_size: int = 64):
+    """Padded demonstrations with their returns-to-go, for :func:`fit_value_head` (a progress
+    line when 20 s have passed: a pretrained model's forward passes take minutes)."""
+    t0 = last = time.time()
+    for start in range(0, len(demos), batch_size):
+        chunk = demos[start:start + batch_size]
+        ids, attn, target = pad_episodes(ids_and_masks(chunk), pad_token_id)
+        returns = demo_returns(target, [t.process_rewards for t in chunk], [t.outcome_reward for t in chunk])
+        yield ids.to(device), attn.to(device), target.to(device), returns.to(device)
+        if time.time() - last >= 20:
+            last = time.time()
+            log.info("warm-up: value fit %d/%d demonstrations  %.0fs", start + len(chunk), len(demos), last - t0)
