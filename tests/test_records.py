@@ -115,6 +115,14 @@ def test_not_json_and_not_an_object(tmp_path):
     path = _write_lines(tmp_path / "qa.jsonl", [_row(), "{not json"])
     with pytest.raises(DataError, match=r"qa\.jsonl:2: not valid JSON"):
         load_qa(path)
+    # the column is the line's: where a line cut short ends, not column 1 of the next line
+    cut = json.dumps(_row())[:40]
+    path = _write_lines(tmp_path / "cut.jsonl", [cut, _row(id="q2")])
+    with pytest.raises(DataError, match=rf"cut\.jsonl:1: not valid JSON \(.* at column {len(cut) + 1}\)"):
+        load_qa(path)
+    path = _write_lines(tmp_path / "mid.jsonl", ['{"id": "q1", oops}'])
+    with pytest.raises(DataError, match=r"at column 14\)"):
+        load_qa(path)
     path = _write_lines(tmp_path / "list.jsonl", [[1, 2]])
     with pytest.raises(DataError, match=r"list\.jsonl:1: expected a JSON object"):
         load_qa(path)

@@ -308,7 +308,9 @@ def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, Any, DataErr
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as e:
-                yield number, None, DataError(path, number, None, f"not valid JSON ({e.msg} at column {e.colno})")
+                # the column within the line (e.colno counts from the line feed when the JSON ends early)
+                column = min(e.pos, len(text.rstrip("\r\n"))) + 1
+                yield number, None, DataError(path, number, None, f"not valid JSON ({e.msg} at column {column})")
                 continue
             bad = _unencodable(obj)
             if bad is not None:
