@@ -392,6 +392,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     words = ["agentr1", "report", *(["--study", args.study] if args.study else []),
              *(w for r in args.run for w in ("--run", r)), "--out", args.out,
              *(w for f in args.include for w in ("--include", f))]
+    if not (args.study or args.run or args.from_export or args.import_export):
+        print("agentr1: error: report: give --study NAME, --run RUN_ID, --from EXPORT or --import EXPORT",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         if args.from_export:  # the export alone: no MLflow store is read
             from agentr1.report import read_export, render_study

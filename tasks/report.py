@@ -203,7 +203,9 @@ def study_runs(study: str | None = None, run_ids: list[str] | None = None) -> li
     if not runs:
         raise LookupError(f"no finished MLflow run is tagged {tracking.TAG_STUDY}={study} in {names} "
                           f"({tracking.tracking_uri()}); tag runs with `agentr1 ablate -o study={study}` or "
-                          f"`agentr1 pipeline --study {study}`")
+                          f"`agentr1 pipeline --study {study}`, or, for a published study, render its export "
+                          f"(`agentr1 report --from docs/results/{study}.jsonl`) or load it into this store "
+                          f"(`agentr1 report --import docs/results/{study}.jsonl`)")
     return runs
 
 

@@ -114,7 +114,6 @@ def test_overrides_go_to_the_spec_or_to_the_training_config(tmp_path, registry_r
 
 def test_task_runner_kinds():
     from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
-    from prefect_dask import DaskTaskRunner  # the `dask` extra, which `make setup` installs
 
     assert RunnerSettings().kind == "process"
     assert RunnerSettings(max_workers=2).resolved(cores=8) == (2, 4)
@@ -123,12 +122,18 @@ def test_task_runner_kinds():
     runner = task_runner(RunnerSettings(max_workers=3))
     assert isinstance(runner, ProcessPoolTaskRunner) and runner._max_workers == 3
     assert isinstance(task_runner(RunnerSettings(kind="sequential")), ThreadPoolTaskRunner)
+    with pytest.raises(ConfigError, match=r"runner.kind: .*'ray' is no longer.*\['process', 'sequential', 'dask'\]"):
+        load_spec("quick", ["runner.kind=ray"])
+
+
+def test_dask_task_runner():
+    # the `dask` extra, which `make setup` installs (`EXTRAS=dev` leaves it out)
+    DaskTaskRunner = pytest.importorskip("prefect_dask").DaskTaskRunner
+
     dask = task_runner(RunnerSettings(kind="dask", address="tcp://127.0.0.1:8786"))
     assert isinstance(dask, DaskTaskRunner) and dask.address == "tcp://127.0.0.1:8786" and not dask.cluster_kwargs
     local = task_runner(RunnerSettings(kind="dask", max_workers=2))
     assert local.address is None and local.cluster_kwargs["n_workers"] == 2
-    with pytest.raises(ConfigError, match=r"runner.kind: .*'ray' is no longer.*\['process', 'sequential', 'dask'\]"):
-        load_spec("quick", ["runner.kind=ray"])
 
 
 def test_a_run_directory_refuses_another_config(tmp_path):

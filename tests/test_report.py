@@ -224,8 +224,11 @@ def test_report_names_what_is_missing(capsys):
     assert main(["report", "--study", "no-such-study", "--out", "unused"]) == 2
     err = capsys.readouterr().err
     assert "no finished MLflow run is tagged agentr1.study=no-such-study" in err
+    assert "agentr1 report --from docs/results/no-such-study.jsonl" in err  # a fresh clone's way to the numbers
     assert main(["report", "--study", "bad'name"]) == 2
     assert "expected a name of letters" in capsys.readouterr().err
+    assert main(["report"]) == 2
+    assert "give --study NAME, --run RUN_ID, --from EXPORT or --import EXPORT" in capsys.readouterr().err
 
 
 def test_splicing_needs_the_markers_and_keeps_the_rest(tmp_path):
