@@ -27,6 +27,26 @@ TMP_INFIX = ".tmp-"
 OLD_INFIX = ".old-"
 
 
+def umask() -> int:
+    """The process's umask, read where Linux shows it (``/proc/self/status``), else set and put back."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def as_created(path: str | Path, directory: bool) -> None:
+    """Give a ``tempfile`` directory (0700) or file (0600) the mode ``mkdir``/``open`` would have:
+    what is swapped into place is then readable by whom the user's umask allows (a data set, a
+    policy shared with a group or mounted into a container), as any file they create is."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~umask())
+
+
 def replace_dir(new: Path, target: Path) -> None:
     """Move ``new`` to ``target``; an old ``target`` is moved aside first and deleted last.
 
@@ -144,6 +164,7 @@ def atomic_dir(final: str | Path, write: Callable[[Path], None], manifest: bool 
         ensure_space(final.parent, need)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}{TMP_INFIX}", dir=final.parent))
     try:
+        as_created(tmp, directory=True)
         write(tmp)
         if manifest:
             write_manifest(tmp)
@@ -191,6 +212,7 @@ def atomic_file(final: str | Path, write: Callable[[Path], None]) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}{TMP_INFIX}", dir=final.parent)
     os.close(fd)
     try:
+        as_created(tmp, directory=False)
         write(Path(tmp))
         os.replace(tmp, final)
     except BaseException as err:

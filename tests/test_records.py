@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -310,3 +311,21 @@ def test_the_check_collects_problems_up_to_a_bound(tmp_path):
     assert [e.line for e in errors] == list(range(1, MAX_ERRORS + 1))
     with pytest.raises(DataErrors, match=f"stopped after {MAX_ERRORS} problems"):
         load_dataset(tmp_path / "ds")
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_written_data_gets_the_mode_the_umask_gives(tmp_path, mask):
+    """What is written through a temporary sibling (tempfile: 0700 / 0600) ends with the mode
+    mkdir/open would give, so a dataset or a policy can be shared as the user's umask allows."""
+    import stat
+
+    from agentr1.fsutil import atomic_file
+
+    before = os.umask(mask)
+    try:
+        write_dataset(tmp_path / "data", {"dev": [_record()]}, DOCS)
+        atomic_file(tmp_path / "summary.json", lambda p: p.write_text("{}"))
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE((tmp_path / "data").stat().st_mode) == 0o777 & ~mask
+    assert stat.S_IMODE((tmp_path / "summary.json").stat().st_mode) == 0o666 & ~mask

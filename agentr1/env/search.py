@@ -28,6 +28,7 @@ import scipy.sparse as sp
 import Stemmer
 
 from agentr1.data.records import Document, corpus_digest, load_corpus_dir
+from agentr1.fsutil import as_created
 
 CACHE_ENV = "AGENTR1_CACHE"
 DEFAULT_CACHE = Path("~/.cache/agentr1")
@@ -189,6 +190,7 @@ def _save_cached(retriever: bm25s.BM25, path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        as_created(tmp, directory=True)
     except OSError as e:
         log.warning("search index not cached (%s): %s", path, e)
         return
