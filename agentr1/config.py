@@ -28,6 +28,10 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+DEFAULT_HOP_WEIGHTS = (0.25, 0.35, 0.40)
+"""Shares of 1-, 2- and 3-hop questions the generators make (``agentr1 data synth --hop-weights``)."""
+
+
 class SynthConfig(_Section):
     seed: int = 0
     n_train: int = Field(20_000, ge=1)

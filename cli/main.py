@@ -36,7 +36,7 @@ import time
 from typing import Callable, Sequence, get_args
 
 from agentr1 import errors
-from agentr1.config import TRAIN_STAGES, ConfigError, SynthConfig
+from agentr1.config import DEFAULT_HOP_WEIGHTS, TRAIN_STAGES, ConfigError, SynthConfig
 from agentr1.data.records import DataError
 from cli.console import print_json, quiet_third_party, setup_logging, stdout_to_stderr
 
@@ -162,17 +162,18 @@ def _add_data(subparsers: argparse._SubParsersAction) -> None:
                        help="a plug-in to load first (repeatable), as the config's plugins")
     # Defaults are the config's (the world data.dvc pins), so `data synth --out data` makes it.
     defaults = SynthConfig()
-    synth.add_argument("--seed", type=int, default=defaults.seed)
-    synth.add_argument("--n-train", type=int, default=defaults.n_train)
-    synth.add_argument("--n-dev", type=int, default=defaults.n_dev)
-    synth.add_argument("--n-test", type=int, default=defaults.n_test)
-    synth.add_argument("--hop-weights", type=_parse_weights, default=(0.25, 0.35, 0.40),
-                       help="shares of 1,2,3-hop questions, e.g. 0.25,0.35,0.40")
+    synth.add_argument("--seed", type=int, default=defaults.seed, help="default: %(default)s")
+    synth.add_argument("--n-train", type=int, default=defaults.n_train, help="default: %(default)s")
+    synth.add_argument("--n-dev", type=int, default=defaults.n_dev, help="default: %(default)s")
+    synth.add_argument("--n-test", type=int, default=defaults.n_test, help="default: %(default)s")
+    synth.add_argument("--hop-weights", type=_parse_weights, default=DEFAULT_HOP_WEIGHTS,
+                       help="shares of 1,2,3-hop questions (default: " + ",".join(map(str, DEFAULT_HOP_WEIGHTS)) + ")")
     # The choices come from the config schema, not agentr1.data.synth: importing the generator
     # (and bm25s through it) would add ~0.3 s to every command's start-up.
     synth.add_argument("--names", choices=get_args(SynthConfig.model_fields["names"].annotation),
                        default=defaults.names,
-                       help="name inventory: 'small' = few, frequent syllables (copyable by a tiny model)")
+                       help="name inventory: 'small' = few, frequent syllables (copyable by a tiny model); "
+                            "default: %(default)s")
     synth.set_defaults(func=cmd_data_synth)
 
     convert = sub.add_parser("convert", help="convert HotpotQA / MuSiQue JSON into the shared format")
@@ -430,7 +431,8 @@ def _add_report(subparsers: argparse._SubParsersAction) -> None:
                           "rendered to the same markdown and plot")
     rep.add_argument("--import", dest="import_export", metavar="EXPORT",
                      help="make MLflow runs in this store from a study's export (the published runs beside one's own)")
-    rep.add_argument("--out", default="docs/results", help="directory for <study>.jsonl, <study>.md and <study>.png")
+    rep.add_argument("--out", default="docs/results", help="directory for <study>.md and <study>.png (and, from "
+                     "MLflow, the export <study>.jsonl)")
     rep.add_argument("--include", action="append", default=[], metavar="FILE",
                      help="also put the summary between <!-- report:NAME --> and <!-- /report:NAME --> in FILE "
                           "(e.g. README.md)")

@@ -31,12 +31,11 @@ from typing import Sequence
 import Stemmer
 from bm25s.stopwords import STOPWORDS_EN
 
-from agentr1.config import SynthConfig
+from agentr1.config import DEFAULT_HOP_WEIGHTS, SynthConfig
 from agentr1.data.records import Document, QARecord
 
 SOURCE = "synthetic"
 SPLITS = ("train", "dev", "test")
-DEFAULT_HOP_WEIGHTS = (0.25, 0.35, 0.40)
 SIZES = SynthConfig()
 """The split sizes every generator defaults to: the config's (``data.synth``)."""
 # Documents are read by a ~1M-parameter model inside a short context: keep them short.
