@@ -467,7 +467,7 @@ COMMANDS.append(_add_report)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentr1", description="Train tool-using LLM agents with masked PPO.")
-    parser.add_argument("-v", "--traceback", action="store_true",
+    parser.add_argument("--traceback", action="store_true",
                         help="show the traceback behind a refusal (bad input, damaged checkpoint, divergence, full disk)")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for add in COMMANDS:
@@ -497,7 +497,7 @@ def _stopped(stop: KeyboardInterrupt, note: str = RUN_STOPPED) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status (agentr1/errors.py). A refusal a person can act
-    on is one line on stderr, ``agentr1: error: ...``; ``agentr1 -v`` adds its traceback."""
+    on is one line on stderr, ``agentr1: error: ...``; ``agentr1 --traceback`` adds its traceback."""
     _dump_stacks_on_usr1()
     parser = build_parser()
     try:

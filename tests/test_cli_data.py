@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import build_parser, main
-from agentr1.data.records import MARKER_FILE, load_dataset
+from agentr1.data.records import MARKER_FILE, DataError, load_dataset
 
 from test_convert import HOTPOT_RECORD, MUSIQUE_RECORD
 
@@ -123,6 +124,10 @@ def test_bad_dataset_rows_are_reported_by_every_reader(capsys, synth_dir, tmp_pa
     for argv in (["data", "validate", "--data", data], ["data", "retrieval-eval", "--data", data, "--split", "test"]):
         code, out, err = _run(capsys, *argv)
         assert code == 2 and out == "" and where in err, err
+    # --traceback (before the command: `agentr1 pipeline -v` is another flag, third-party output)
+    # shows what is behind the one line
+    with pytest.raises(DataError, match=re.escape(where)):
+        main(["--traceback", "data", "validate", "--data", str(data)])
 
 
 def test_synth_replaces_only_a_dataset_it_made(capsys, synth_dir, tmp_path):

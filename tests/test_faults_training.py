@@ -373,7 +373,7 @@ def test_a_diverged_one_iteration_pipeline_fails_tagged_and_registers_nothing(pr
 def test_the_pipeline_command_says_a_divergence_in_one_line_and_exits_3(prefect_api, data_dir, flows_warm,
                                                                         tmp_path, capsys, monkeypatch):
     """`agentr1 pipeline` answers a divergence as `agentr1 train` does: exit 3, one line, no
-    traceback from Prefect's logs (`agentr1 -v` keeps it)."""
+    traceback from Prefect's logs (`agentr1 --traceback` keeps it)."""
     from prefect.settings import PREFECT_API_URL
     from test_flows import FAST, seeded_run
 
