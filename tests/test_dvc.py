@@ -213,6 +213,7 @@ def test_make_data_check_and_repro_dry_run(regenerated, dvc_repo, tmp_path):
     assert tuple(r for r in ran if r != MODEL_STAGE) == PIPELINE and MODEL_STAGE in ran, dry.stdout
 
 
+@pytest.mark.slow  # the regenerated data set's fixture: ~15 s
 def test_changed_data_fails_the_check(regenerated, tmp_path):
     clone = _clean_clone(tmp_path, regenerated)
     with open(clone / "data" / "qa" / "test.jsonl", "a") as f:
