@@ -141,8 +141,12 @@ def cmd_data_validate(args: argparse.Namespace) -> int:
         from agentr1.env.registry import check_records
 
         check_records(_kind_config(args).env.kind, args.data)
+    missing = [name for name in ("train", "dev", "test") if name not in splits]
     print_json({"data": str(args.data), "splits": {name: len(rs) for name, rs in splits.items()}, "n_docs": len(corpus),
-                **({"kind": args.kind} if args.kind else {})})
+                **({"kind": args.kind} if args.kind else {}),
+                # valid as it is (a converted evaluation set may hold one split); training needs more
+                **({"note": f"no {', '.join(missing)} split: `agentr1 train` and the pipeline need train, and dev "
+                            f"(ppo.dev_every) and test (eval.split) unless configured otherwise"} if missing else {})})
     return EXIT_OK
 
 

@@ -52,7 +52,12 @@ def test_synth_prints_stats_and_writes_a_valid_dataset(capsys, tmp_path):
 
 def test_validate_retrieval_eval_and_search(capsys, synth_dir, tmp_path):
     code, out, _ = _run(capsys, "data", "validate", "--data", synth_dir)
-    assert code == 0 and json.loads(out)["splits"] == {"dev": 5, "test": 10, "train": 30}
+    assert code == 0 and json.loads(out)["splits"] == {"dev": 5, "test": 10, "train": 30} and "note" not in json.loads(out)
+    dev_only = Path(shutil.copytree(synth_dir, tmp_path / "dev-only"))
+    for split in ("train", "test"):
+        (dev_only / "qa" / f"{split}.jsonl").unlink()
+    code, out, _ = _run(capsys, "data", "validate", "--data", dev_only)  # valid, but not for training: says so
+    assert code == 0 and json.loads(out)["note"].startswith("no train, test split: `agentr1 train`")
 
     code, out, _ = _run(capsys, "data", "retrieval-eval", "--data", synth_dir, "--split", "test", "--k", "5",
                         "--cache-dir", tmp_path / "cache")
