@@ -78,7 +78,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     if args.kind == "sql":  # the same questions over an SQLite database (written beside the corpus)
-        from agentr1.data.sql_synth import generate, sql_stats
+        from agentr1.env.sql_synth import generate, sql_stats
 
         splits, corpus, files = generate(args.seed, args.n_train, args.n_dev, args.n_test, args.hop_weights,
                                          names=args.names)
@@ -126,7 +126,7 @@ def cmd_data_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_data_retrieval_eval(args: argparse.Namespace) -> int:
-    from agentr1.data.retrieval_eval import retrieval_eval
+    from agentr1.env.retrieval_eval import retrieval_eval
 
     print_json(retrieval_eval(args.data, args.split, args.k, args.cache_dir))
     return EXIT_OK

@@ -22,7 +22,7 @@ import pytest
 
 from agentr1.config import EnvConfig, RewardConfig
 from agentr1.data.records import QARecord, write_dataset
-from agentr1.data.sql_synth import generate
+from agentr1.env.sql_synth import generate
 from agentr1.env.base import EnvSettings, ToolEnv
 from agentr1.env.protocol import format_call
 from agentr1.env.rewards import RewardWeights
@@ -329,7 +329,7 @@ def test_a_factory_tool_over_a_relative_data_dir_works_in_its_worker(tmp_path, m
     database (it failed with 'the SQL tool's database is missing')."""
     from agentr1.config import load_config
     from agentr1.data.records import write_dataset
-    from agentr1.data.sql_synth import generate
+    from agentr1.env.sql_synth import generate
     from agentr1.env.registry import build_env, resolve
 
     splits, corpus, files = generate(0, 8, 2, 2)

@@ -13,7 +13,7 @@ import pytest
 
 from agentr1.config import EnvConfig, RewardConfig
 from agentr1.data.records import QARecord, write_dataset
-from agentr1.data.sql_synth import TABLES, generate
+from agentr1.env.sql_synth import TABLES, generate
 from agentr1.env.base import EnvSettings
 from agentr1.env.protocol import format_call
 from agentr1.env.rewards import RewardWeights

@@ -1,4 +1,4 @@
-"""The SQL world (agentr1/data/sql_synth.py) and the ``sql`` environment (agentr1/env/sql_env.py):
+"""The SQL world (agentr1/env/sql_synth.py) and the ``sql`` environment (agentr1/env/sql_env.py):
 deterministic data whose gold queries chain, an oracle at EM 1.0, an expert that is wrong in
 systematic ways, process rewards on gold-chain values."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from agentr1.config import Config
 from agentr1.data.records import DataError, QARecord, load_dataset, write_dataset
-from agentr1.data.sql_synth import SQL_RELATIONS, generate
+from agentr1.env.sql_synth import SQL_RELATIONS, generate
 from agentr1.env.agents import ExpertNoise
 from agentr1.env.episodes import run_episodes
 from agentr1.env.protocol import format_answer, format_call

@@ -114,7 +114,7 @@ _ENVS: dict[str, EnvKind] = {
                   (RecordRule("demonstrable", "a train record has a relation chain (synthetic: chain) or supporting "
                               "documents (converted data), so the warm-up can demonstrate it", "supporting_docs",
                               _has_chain_or_support),)),
-    "sql": EnvKind("sql", "agentr1.env.sql_env:build", ("sql",), "agentr1.data.sql_synth:generate_from_config",
+    "sql": EnvKind("sql", "agentr1.env.sql_env:build", ("sql",), "agentr1.env.sql_synth:generate_from_config",
                    "question answering over an SQLite database with the sql tool",
                    (RecordRule("demonstrable", "a train record has a generated hop chain (meta.chain) or gold calls "
                                "(meta.calls), so the warm-up can demonstrate it", "calls",
@@ -122,7 +122,7 @@ _ENVS: dict[str, EnvKind] = {
                     RecordRule("gold_values", "a record lists each hop's value (gold_values, strings), what the "
                                "process reward looks for in query results", "gold_values", _gold_values_problems,
                                ("train", "dev", "test")))),
-    "mixed": EnvKind("mixed", "agentr1.env.mixed_env:build", ("sql",), "agentr1.data.mixed_synth:generate_from_config",
+    "mixed": EnvKind("mixed", "agentr1.env.mixed_env:build", ("sql",), "agentr1.env.mixed_synth:generate_from_config",
                      "questions whose hops need the search tool (films, companies) or the sql tool (people, "
                      "cities) in one episode",
                      (RecordRule("demonstrable", "a train record has a hop chain naming each hop's tool (meta.chain) "

@@ -8,7 +8,7 @@ last), the bad-call penalty for a malformed call or a query SQLite refused, and 
 (EM/F1) of the answer, as in QA.
 
 Demonstrations (``demonstrator``): on generated questions (``meta["chain"]``,
-``agentr1.data.sql_synth``) a scripted expert that writes each hop's look-up with the value it
+``agentr1.env.sql_synth``) a scripted expert that writes each hop's look-up with the value it
 read from the previous result, with the QA expert's systematic mistakes
 (``agents.ExpertNoise``): usually one hop short on 3-hop questions, sometimes the distractor
 column (``producer`` for ``director``; the wrong value leads on through its own row),
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from agentr1.data.records import DataError, QARecord
-from agentr1.data.sql_synth import TABLES, lookup_query, schema_docs
+from agentr1.env.sql_synth import TABLES, lookup_query, schema_docs
 from agentr1.env.agents import (
     UNKNOWN_ANSWER,
     ExpertNoise,
@@ -148,7 +148,7 @@ class SQLEnv(ToolEnv):
             if "chain" in record.meta:
                 problem = _chain_problem(record.meta["chain"])
                 if problem:
-                    raise DataError(path, line, "chain", f"record {record.id!r}: {problem} (agentr1.data.sql_synth)")
+                    raise DataError(path, line, "chain", f"record {record.id!r}: {problem} (agentr1.env.sql_synth)")
             elif problem := self._calls_problem(self.gold_calls(record)):
                 raise DataError(path, line, "calls", f"record {record.id!r} has no generated chain (meta.chain) and "
                                 f"its gold calls will not do: {problem}")
