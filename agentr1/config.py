@@ -238,6 +238,8 @@ class PPOConfig(_Section):
     epochs: int = Field(2, ge=1)
     minibatch_size: int = Field(16, ge=1)
     grad_accum: int = Field(1, ge=1)
+    """Micro-batches each minibatch is cut into, forwarded and backpropagated one at a time (less
+    memory); their gradients add up to the minibatch's and the optimizer steps once per minibatch."""
     lr: float = Field(1e-4, gt=0)
     lr_warmup_iters: int = Field(0, ge=0)
     """Iterations over which the learning rate rises linearly to ``lr`` (0: ``lr`` from the first)."""
@@ -309,6 +311,10 @@ class PPOConfig(_Section):
             raise ValueError("ppo.episodes_per_iter must be a multiple of ppo.group_size")
         if self.dev_patience and not self.dev_every:
             raise ValueError("ppo.dev_patience counts dev evaluations: set ppo.dev_every above 0")
+        if self.kl_in_reward and self.estimator in ("grpo", "rloo"):
+            raise ValueError(f"ppo.kl_in_reward: estimator {self.estimator!r} compares whole episodes' scores, "
+                             "never the per-token rewards the KL would be folded into, so no KL would act; "
+                             "keep it in the loss (ppo.kl_in_reward: false)")
         if self.kl_target is not None and self.kl_coef == 0:
             raise ValueError("ppo.kl_target adapts ppo.kl_coef multiplicatively: it needs ppo.kl_coef > 0")
         return self
@@ -317,8 +323,9 @@ class PPOConfig(_Section):
 class EvalConfig(_Section):
     split: str = "test"
     max_examples: int | None = None
-    sampled_temperature: float | None = None
-    """Temperature of the sampled evaluation; None uses rollout.temperature."""
+    sampled_temperature: float | None = Field(None, gt=0)
+    """Temperature of the sampled evaluation (> 0; the greedy evaluation is the other); None uses
+    rollout.temperature."""
     batch_size: int = Field(100, ge=1)
     render_examples: int = Field(4, ge=0)
     traces: int = Field(32, ge=0)

@@ -302,7 +302,7 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
         log.info("warm-up: %d corpus steps on %d rows of %d tokens, then %d steps on the demonstrations",
                  corpus_steps, len(rows), sft.corpus_block, sft.steps)
     total = corpus_steps + sft.steps
-    acc = make_accelerator(ws.device, cfg.ppo.mixed_precision, 1)
+    acc = make_accelerator(ws.device, cfg.ppo.mixed_precision)
     attention_for_precision(model, ws.device, acc.mixed_precision)
     optimizer = (MuonWithAdamW(muon_groups(model, sft.muon_lr, sft.lr, sft.weight_decay))
                  if sft.optimizer == "muon" else
@@ -382,7 +382,7 @@ def ppo_hyper(cfg: Config) -> PPOHyper:
     p = cfg.ppo
     return PPOHyper(estimator=p.estimator, loss_mask=p.loss_mask, advantage_mask=p.advantage_mask,
                     loss_weighting=p.loss_weighting, gigpo_step_weight=p.gigpo_step_weight,
-                    epochs=p.epochs, minibatch_size=p.minibatch_size, clip_eps=p.clip_eps,
+                    epochs=p.epochs, minibatch_size=p.minibatch_size, grad_accum=p.grad_accum, clip_eps=p.clip_eps,
                     dual_clip_c=p.dual_clip_c, vf_coef=p.vf_coef, vf_clip=p.vf_clip, kl_coef=p.kl_coef,
                     kl_kind=p.kl_kind, kl_in_reward=p.kl_in_reward, kl_clamp=p.kl_clamp,
                     entropy_coef=p.entropy_coef, gamma=p.gamma, lam=p.lam,
@@ -487,7 +487,7 @@ class PPOSession:
         self.guard = StepGuard(cfg.max_nonfinite_steps)
         bound = reward_bound(cfg.reward.model_dump(), cfg.env.max_turns)
         self.reward_bounds = (-bound, bound)
-        self.acc = make_accelerator(ws.device, p.mixed_precision, p.grad_accum)
+        self.acc = make_accelerator(ws.device, p.mixed_precision)
         attention_for_precision(model, ws.device, self.acc.mixed_precision)
         optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=p.lr, weight_decay=0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: lr_warmup_factor(it, p.lr_warmup_iters))
@@ -507,7 +507,10 @@ class PPOSession:
             last_it = self.history[-1]
             self.kl_coef = adapt_kl_coef(last_it["actor/kl_coef"], last_it["actor/ref_kl"], p.kl_target, p.kl_horizon)
         self.best = self._recorded_best() if resume else None
-        self.model, self.optimizer, self.scheduler = self.acc.prepare(model, optimizer, scheduler)
+        # The per-iteration schedule is stepped by the loop itself, once per iteration: accelerate's
+        # wrapper would step it once per process.
+        self.model, self.optimizer = self.acc.prepare(model, optimizer)
+        self.scheduler = scheduler
         self.engine = make_engine(cfg, ws.env, self.policy, self.tokenizer, self.chat, ws.device)
         self._t_offset = self.history[-1]["time/elapsed_s"] if self.history else 0.0
         self._t_open = time.time()

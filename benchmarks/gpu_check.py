@@ -165,7 +165,7 @@ def main() -> None:
     # 3. the trainer's log-probs of the same tokens (bf16 autocast, fp32 weights)
     cfg = load_config(args.config, ["ppo.mixed_precision=bf16", f"ppo.episodes_per_iter={episodes}"])
     hp = ppo_hyper(cfg)
-    acc = make_accelerator(device, "bf16", 1)
+    acc = make_accelerator(device, "bf16")
     attention_for_precision(model, device, "bf16")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.ppo.lr, weight_decay=0.0)
     model, optimizer = acc.prepare(model, optimizer)

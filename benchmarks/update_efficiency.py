@@ -157,7 +157,7 @@ def main() -> None:
     for precision in ("no", "bf16") if native else ("no",):
         model = make_model(cfg, tokenizer)
         attention_for_precision(model, torch.device("cpu"), precision)
-        acc = make_accelerator(torch.device("cpu"), precision, 1)
+        acc = make_accelerator(torch.device("cpu"), precision)
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
         model, opt = acc.prepare(model, opt)
         vocab, bs = len(tokenizer), cfg.sft.batch_size

@@ -70,7 +70,7 @@ def tiny_policy(seed: int):
     return build_policy(spec, tiny_tokenizer(), seed=seed)
 
 
-def one_update(case: str) -> dict:
+def one_update(case: str, *extra: str) -> dict:
     """Score the fixed batch and run one PPO update on it with whatever processes are running;
     returns the parameters after it and the update's metrics."""
     from agentr1.config import load_config
@@ -79,11 +79,11 @@ def one_update(case: str) -> dict:
     from agentr1.rl.distributed import make_accelerator
     from agentr1.trainer import ppo_hyper
 
-    hp = ppo_hyper(load_config(None, [*COMMON, *CASES[case]]))
+    hp = ppo_hyper(load_config(None, [*COMMON, *CASES[case], *extra]))
     model, ref = tiny_policy(seed=0), tiny_policy(seed=1)
     ref.eval().requires_grad_(False)
     batch = fixed_batch(len(tiny_tokenizer()))
-    acc = make_accelerator(torch.device("cpu"), "no", 1)
+    acc = make_accelerator(torch.device("cpu"), "no")
     model, optimizer = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=LR))
     model.eval()
     scored, _ = score_batch(model, ref, batch, hp, acc)
@@ -91,6 +91,20 @@ def one_update(case: str) -> dict:
     metrics = ppo_update(model, optimizer, acc, batch, scored, hp, torch.Generator().manual_seed(3),
                          StepGuard(max_in_row=1))
     return {"params": params_of(acc.unwrap_model(model)), "metrics": metrics, "world": acc.num_processes}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gradient_accumulation_splits_a_minibatch_and_steps_once(case):
+    """ppo.grad_accum cuts each minibatch (3 rows) into micro-batches whose gradients add up to
+    the minibatch's: the same update, step for step, as without it (it once counted whole
+    minibatches as accelerate's steps, so the optimizer stepped every grad_accum-th minibatch)."""
+    whole, split = one_update(case), one_update(case, "ppo.grad_accum=3")
+    assert split["metrics"]["actor/n_updates"] == whole["metrics"]["actor/n_updates"] > 0
+    for k in ("actor/grad_norm", "actor/pg_loss", "critic/vf_loss"):
+        assert abs(split["metrics"][k] - whole["metrics"][k]) <= TOL * max(1.0, abs(whole["metrics"][k])), k
+    for name, value in whole["params"].items():
+        assert torch.allclose(split["params"][name], value, atol=TOL), name
+    assert any(not torch.equal(whole["params"][k], v) for k, v in params_of(tiny_policy(seed=0)).items())
 
 
 def params_of(model) -> dict[str, torch.Tensor]:
@@ -147,7 +161,7 @@ def test_a_launch_that_started_one_process_of_several_is_named(monkeypatch, capl
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # accelerate launch --cpu --num_processes 2, no MPI
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with caplog.at_level("WARNING", logger="agentr1.train"):
-        assert make_accelerator(torch.device("cpu"), "no", 1).num_processes == 1
+        assert make_accelerator(torch.device("cpu"), "no").num_processes == 1
     assert "--multi_gpu --num_processes" in caplog.text
 
 

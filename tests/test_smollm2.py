@@ -198,7 +198,7 @@ def test_one_ppo_update_moves_only_the_trainable_layers(world, smollm2_dir, tmp_
     batch = collate(trajs, chat.pad_token_id)
     p = PPOConfig()
     hp = PPOHyper(estimator="gae", loss_mask=True, advantage_mask=True, loss_weighting="token", gigpo_step_weight=1.0,
-                  epochs=1, minibatch_size=4,
+                  epochs=1, minibatch_size=4, grad_accum=1,
                   clip_eps=p.clip_eps, dual_clip_c=p.dual_clip_c, vf_coef=p.vf_coef, vf_clip=p.vf_clip,
                   kl_coef=p.kl_coef, kl_kind=p.kl_kind, kl_in_reward=False, kl_clamp=p.kl_clamp, entropy_coef=0.0,
                   gamma=1.0, lam=0.95, whiten_advantages=True, max_grad_norm=1.0, temperature=1.0)
@@ -207,7 +207,7 @@ def test_one_ppo_update_moves_only_the_trainable_layers(world, smollm2_dir, tmp_
     assert scored.trunk is not None and scored.trunk.shape[:2] == batch.input_ids.shape
     assert abs(metrics["actor/ref_kl"]) < 1e-6  # policy == reference before the update
     opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4)
-    acc = make_accelerator(torch.device("cpu"), "no", 1)
+    acc = make_accelerator(torch.device("cpu"), "no")
     prepared, opt = acc.prepare(model, opt)
     out = ppo_update(prepared, opt, acc, batch, scored, hp, torch.Generator().manual_seed(0), StepGuard(8))
     assert out["actor/n_updates"] == 1 and all(torch.isfinite(q).all() for q in model.parameters())

@@ -151,6 +151,13 @@ def test_config_errors_name_the_key(tmp_path):
         load_config("conf/train.yaml", ["ppo.no_such_knob=1"])
     with pytest.raises(ConfigError, match="group_size"):
         load_config("conf/train.yaml", ["ppo.estimator=grpo"])
+    # settings that would be read and silently do nothing
+    for estimator in ("grpo", "rloo"):
+        with pytest.raises(ConfigError, match="ppo.kl_in_reward: estimator .* no KL would act"):
+            load_config("conf/train.yaml", [f"ppo.estimator={estimator}", "ppo.group_size=4", "ppo.kl_in_reward=true"])
+    assert load_config("conf/train.yaml", ["ppo.kl_in_reward=true"]).ppo.kl_in_reward  # gae folds it per token
+    with pytest.raises(ConfigError, match="eval.sampled_temperature"):
+        load_config("conf/train.yaml", ["eval.sampled_temperature=0"])
 
 
 def test_cli_rejects_a_bad_override_with_exit_2(capsys):

@@ -115,7 +115,7 @@ def training_precision(setting: str, device: torch.device) -> str:
     return chosen
 
 
-def make_accelerator(device: torch.device, mixed_precision: str, grad_accum: int) -> Accelerator:
+def make_accelerator(device: torch.device, mixed_precision: str) -> Accelerator:
     """The accelerator of a training stage at ``mixed_precision`` (:func:`training_precision`; the
     precision it chose is ``acc.mixed_precision``)."""
     # Accelerate keeps process-wide state; reset it so several runs in one process
@@ -123,8 +123,9 @@ def make_accelerator(device: torch.device, mixed_precision: str, grad_accum: int
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)
-    acc = Accelerator(cpu=device.type == "cpu", mixed_precision=training_precision(mixed_precision, device),
-                      gradient_accumulation_steps=grad_accum)
+    # Gradient accumulation is the PPO update's own (ppo.grad_accum: micro-batches of a minibatch),
+    # not accelerate's, which would count whole minibatches as its steps.
+    acc = Accelerator(cpu=device.type == "cpu", mixed_precision=training_precision(mixed_precision, device))
     if acc.num_processes == 1 and "MASTER_ADDR" in os.environ and launched_processes() == 1:
         # accelerate's simple launcher sets MASTER_ADDR for --num_processes > 1 but starts one process
         log.warning("accelerate launch started one process only: for data-parallel PPO on CPUs use "

@@ -58,6 +58,7 @@ class PPOHyper:
     gigpo_step_weight: float
     epochs: int
     minibatch_size: int
+    grad_accum: int
     clip_eps: float
     dual_clip_c: float | None
     vf_coef: float
@@ -220,6 +221,11 @@ def minibatch_loss(net, batch: RolloutBatch, scored: Scored, hp: PPOHyper, rows:
                   float(entropy.detach()), vf_m.get("vf_loss", 0.0), vf_m.get("vf_clipfrac", 0.0)]
 
 
+def micro_batches(rows: list[int], k: int) -> list[list[int]]:
+    """``rows`` in at most ``k`` contiguous, nearly equal, non-empty parts (``ppo.grad_accum``)."""
+    return [rows[s] for s in row_shards(len(rows), min(k, len(rows)))] if rows else []
+
+
 def _loss_weight(loss_mask: torch.Tensor, rows: list[int], L: int, hp: PPOHyper) -> float:
     """What the loss of ``rows`` averages over: its loss-masked tokens, or (``loss_weighting:
     trajectory``) its rows that have one."""
@@ -256,32 +262,35 @@ def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Score
             if n_tokens == 0:  # nothing to learn from: an optimizer step would only decay weights
                 continue
             mine = mb[accelerator.process_index::accelerator.num_processes] if parallel else mb
-            with accelerator.accumulate(model), accelerator.autocast():
-                share, step_v = None, [0.0] * (1 + len(STEP_METRICS))
-                if mine:
-                    L_mine = max(lengths[i] for i in mine)
-                    n_mine = _loss_weight(loss_mask_full, mine, L_mine, hp)
-                    if n_mine:
-                        weight = n_mine / n_tokens  # exactly 1.0 on one process: nothing changes there
-                        loss, values = minibatch_loss(net, batch, scored, hp, mine, L_mine, loss_mask_full)
-                        share = loss * weight
-                        step_v = [float(share.detach())] + [v * weight for v in values]
-                if parallel:  # one all-reduce: the minibatch's loss and metrics over every process
-                    step_v = accelerator.reduce(torch.tensor(step_v, dtype=torch.float64,
-                                                             device=batch.input_ids.device), "sum").tolist()
-                loss_v = step_v[0]
-                grad_norm = None
-                if math.isfinite(loss_v):  # the same decision on every process: loss_v is global
-                    if share is not None:
+            step_v = [0.0] * (1 + len(STEP_METRICS))
+            with accelerator.autocast():
+                # ppo.grad_accum micro-batches of this process's rows, each forwarded and
+                # backpropagated on its own (memory), weighted by its share of the minibatch's
+                # tokens: the summed gradient is the minibatch's, and the optimizer steps once.
+                for rows in micro_batches(mine, hp.grad_accum):
+                    L_rows = max(lengths[i] for i in rows)
+                    n_rows = _loss_weight(loss_mask_full, rows, L_rows, hp)
+                    if not n_rows:
+                        continue
+                    weight = n_rows / n_tokens  # exactly 1.0 on one process, one micro-batch
+                    loss, values = minibatch_loss(net, batch, scored, hp, rows, L_rows, loss_mask_full)
+                    share = loss * weight
+                    step_v = [a + b for a, b in zip(step_v, [float(share.detach())] + [v * weight for v in values])]
+                    if math.isfinite(step_v[0]):  # a non-finite one skips the step below anyway
                         accelerator.backward(share)
-                    if accelerator.sync_gradients:
-                        if parallel:
-                            sum_gradients(accelerator, params)
-                        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), hp.max_grad_norm))
-                stepped = guard.ok(loss_v, grad_norm)
-                if stepped:
-                    optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+            if parallel:  # one all-reduce: the minibatch's loss and metrics over every process
+                step_v = accelerator.reduce(torch.tensor(step_v, dtype=torch.float64,
+                                                         device=batch.input_ids.device), "sum").tolist()
+            loss_v = step_v[0]
+            grad_norm = None
+            if math.isfinite(loss_v):  # the same decision on every process: loss_v is global
+                if parallel:
+                    sum_gradients(accelerator, params)
+                grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), hp.max_grad_norm))
+            stepped = guard.ok(loss_v, grad_norm)
+            if stepped:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
             if not stepped:
                 continue
             step_m = dict(zip(STEP_METRICS, step_v[1:]))
