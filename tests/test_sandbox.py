@@ -339,3 +339,49 @@ def test_a_factory_tool_over_a_relative_data_dir_works_in_its_worker(tmp_path, m
     (output, failed), = env.tool("sql").run_batch([{"query": "SELECT 1 AS one"}])
     assert not failed, output.text
     assert "one" in output.text and "1" in output.text
+
+
+def test_a_worker_gone_with_the_thread_that_started_it_is_replaced_not_a_crash():
+    """PR_SET_PDEATHSIG ends a worker with the thread that forked it (Prefect runs tasks in pool
+    threads): the next call, from another thread, gets a new worker and its answer."""
+    import threading
+
+    def upper(text: str) -> str:
+        """Upper case.
+
+        Args:
+            text: Any text.
+        """
+        return text.upper()
+
+    tool = SandboxedTool(Tool.from_callable(upper), LIMITS)
+    first = []
+    thread = threading.Thread(target=lambda: first.append(tool.run_batch([{"text": "a"}])))
+    thread.start()
+    thread.join()
+    deadline = time.time() + 5
+    while tool._worker._alive() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not tool._worker._alive()  # the thread's end took the worker with it
+    assert [o.text for o, failed in first[0]] == ["A"]
+    [(out, failed)] = tool.run_batch([{"text": "b"}])
+    assert (out.text, failed) == ("B", False)
+    tool.close()
+
+
+def test_a_long_answer_of_astral_characters_is_not_refused():
+    """The worker's JSON escapes each astral character as 12 bytes; an answer within
+    output_chars is an answer, not an 'oversized' failure."""
+    def smile(n: int) -> str:
+        """Smiles.
+
+        Args:
+            n: How many.
+        """
+        return "\U0001F600" * n
+
+    limits = SandboxLimits(wall_s=3.0, cpu_s=0.5, memory_mb=128, disk_mb=1, output_chars=20_000)  # the default's
+    tool = SandboxedTool(Tool.from_callable(smile), limits)
+    [(out, failed)] = tool.run_batch([{"n": limits.output_chars}])
+    assert not failed and out.text == "\U0001F600" * limits.output_chars
+    tool.close()

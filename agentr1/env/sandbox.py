@@ -358,10 +358,22 @@ class ToolWorker:
         self.missing = hello.get("missing", [])
 
     def request(self, calls: list[dict]) -> list[tuple[ToolOutput, bool]]:
-        """The answers to ``calls``; WorkerFailed (the worker then gone) when there is none."""
+        """The answers to ``calls``; WorkerFailed (the worker then gone) when there is none.
+
+        A worker that died between two calls is replaced before the call, which it never saw:
+        PR_SET_PDEATHSIG ends a worker with the *thread* that forked it, so one first used from a
+        thread pool's thread (Prefect's tasks) is gone once that thread ends."""
+        if self.pid is not None and not self._alive():
+            self.stop()
         if self.pid is None:
             self.start()
-        self.conn.send_bytes(json.dumps({"calls": calls}, ensure_ascii=False).encode())
+        message = json.dumps({"calls": calls}, ensure_ascii=False).encode()
+        try:
+            self.conn.send_bytes(message)
+        except OSError:  # it died just now, before reading the call: a new one takes it
+            self.stop()
+            self.start()
+            self.conn.send_bytes(message)
         answer = self._receive(self.limits.wall_s, len(calls))
         results = answer.get("results")
         if not isinstance(results, list) or len(results) != len(calls):
@@ -370,8 +382,9 @@ class ToolWorker:
         return [(ToolOutput(str(text), tuple(str(k) for k in keys)), bool(failed)) for text, keys, failed in results]
 
     def _receive(self, timeout: float, n_calls: int) -> dict:
-        # UTF-8 takes at most 4 bytes a character (JSON escapes of controls take 6: cut short).
-        limit = n_calls * 4 * (self.limits.output_chars + MAX_KEYS_CHARS) + ANSWER_SLACK_BYTES
+        # The worker's JSON is ASCII (ensure_ascii: a lone surrogate a tool returns survives it): a
+        # character takes at most 12 bytes (an astral one is two \uXXXX escapes).
+        limit = n_calls * 12 * (self.limits.output_chars + MAX_KEYS_CHARS) + ANSWER_SLACK_BYTES
         try:
             if not self.conn.poll(timeout):
                 self.stop()
@@ -385,6 +398,12 @@ class ToolWorker:
             self.stop()
             raise WorkerFailed(str(message["error"]))
         return message
+
+    def _alive(self) -> bool:
+        try:
+            return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
+        except ChildProcessError:
+            return False
 
     def stop(self) -> int | None:
         """Kill the worker (if alive), reap it and remove its scratch directory; its exit status."""
