@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import threading
 import time
 import uuid
@@ -183,9 +184,11 @@ class ChatCompletions:
         limit = request.get("max_completion_tokens", request.get("max_tokens"))
         for name, value, ok in (("temperature", temperature, lambda v: 0 <= v <= 2),
                                 ("top_p", top_p, lambda v: 0 < v <= 1),
-                                ("seed", seed, lambda v: float(v).is_integer()),
-                                ("max_tokens", limit, lambda v: v is None or v >= 1)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not ok(value)):
+                                # a seed torch can take (JSON 1e20 is an integral float)
+                                ("seed", seed, lambda v: v == int(v) and 0 <= v < 2**63),
+                                ("max_tokens", limit, lambda v: v == int(v) and v >= 1)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or not (isinstance(value, int) or math.isfinite(value)) or not ok(value)):
                 raise ChatRequestError(f"{name}: {value!r} is out of range")
         if request.get("n", 1) != 1:
             raise ChatRequestError("n: this model returns one choice")

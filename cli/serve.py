@@ -52,6 +52,8 @@ def make_app(completions):  # annotations evaluated here: FastAPI reads them (no
             body = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             return error(f"the request body is not JSON ({err})")
+        except RecursionError:
+            return error("the request body is nested too deeply")
         try:  # generation holds the CPU for a while: off the event loop, one request at a time
             completion = await run_in_threadpool(completions.create, body)
         except ChatRequestError as err:

@@ -187,3 +187,14 @@ def test_streaming_and_refusals_over_http(server):
                         headers={"Content-Type": "application/json"}, timeout=30)
     assert broken.status_code == 400
     assert broken.json()["error"]["type"] == "invalid_request_error" and "not JSON" in broken.json()["error"]["message"]
+    # numbers JSON allows that no model can take, and a body nested past Python's recursion: 400, not 500
+    q = json.dumps(question)
+    for raw, said in ((f'{{"messages": {q}, "max_tokens": 1e400}}', "max_tokens"),
+                      (f'{{"messages": {q}, "max_tokens": 2.5}}', "max_tokens"),
+                      (f'{{"messages": {q}, "seed": 1e20, "temperature": 1}}', "seed"),
+                      (f'{{"messages": {q}, "seed": {10 ** 400}}}', "seed"),
+                      (f'{{"messages": {q}, "seed": -1}}', "seed"),
+                      ("[" * 100_000 + "]" * 100_000, "nested too deeply")):
+        answer = httpx.post(f"{server['url']}/chat/completions", content=raw.encode(),
+                            headers={"Content-Type": "application/json"}, timeout=30)
+        assert answer.status_code == 400 and said in answer.json()["error"]["message"], (raw[:80], answer.text[:200])
