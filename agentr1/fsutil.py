@@ -12,6 +12,7 @@ every value finite), naming the file, before anything is loaded from it.
 from __future__ import annotations
 
 import errno
+import glob
 import hashlib
 import json
 import os
@@ -190,13 +191,13 @@ def recover_dir(final: str | Path) -> Path:
     final = Path(final)
     if not final.parent.is_dir():
         return final
-    olds = sorted(final.parent.glob(f".{final.name}{OLD_INFIX}*"), key=lambda p: p.stat().st_mtime)
+    olds = sorted(final.parent.glob(f".{glob.escape(final.name)}{OLD_INFIX}*"), key=lambda p: p.stat().st_mtime)
     if not final.exists():
         for old in reversed(olds):
             if (old / "data").is_dir():
                 os.rename(old / "data", final)
                 break
-    for leftover in [*olds, *final.parent.glob(f".{final.name}{TMP_INFIX}*")]:
+    for leftover in [*olds, *final.parent.glob(f".{glob.escape(final.name)}{TMP_INFIX}*")]:
         if leftover.is_dir() and not leftover.is_symlink():
             shutil.rmtree(leftover, ignore_errors=True)
         else:

@@ -16,6 +16,7 @@ let alone the champion.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -185,12 +186,17 @@ def fetch_model(ref: str, dest: str) -> tuple[str, str]:
 
 def compare(version: str, challenger: dict[str, float], champion_version: str | None,
             champion: dict[str, float] | None, metric: str, margin: float) -> Promotion:
-    """Promote iff there is no champion, or ``challenger[metric] > champion[metric] + margin``."""
+    """Promote iff the challenger's score is finite and there is no champion, or
+    ``challenger[metric] > champion[metric] + margin`` (a champion without a finite score is beaten
+    by any finite one: NaN compares False, so it could never be replaced)."""
     score = challenger[metric]
+    if not math.isfinite(score):
+        return Promotion(version, False, champion_version, champion_version, metric, score, None, margin,
+                         f"v{version} {metric}={score}: not a finite score, never promoted")
     if champion_version is None or champion is None:
         return Promotion(version, True, None, version, metric, score, None, margin, "no champion yet")
     best = champion[metric]
-    promoted = score > best + margin
+    promoted = score > best + margin or not math.isfinite(best)
     verdict = "beats" if promoted else "does not beat"
     reason = f"v{version} {metric}={score:.4f} {verdict} champion v{champion_version} {best:.4f} + margin {margin:g}"
     return Promotion(version, promoted, champion_version, version if promoted else champion_version, metric,

@@ -291,6 +291,12 @@ def test_recover_dir_puts_the_old_version_back_and_removes_leftovers(tmp_path):
     (aside / "data").mkdir(parents=True)
     recover_dir(final)
     assert (final / "v").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["last"]
+    # A name with glob characters matches only its own leftovers: `data[2]` is not `data2`.
+    other = tmp_path / ".data2.tmp-x"  # another directory's write in progress
+    other.mkdir()
+    (tmp_path / ".data2.old-y" / "data").mkdir(parents=True)
+    recover_dir(tmp_path / "data[2]")
+    assert not (tmp_path / "data[2]").exists() and other.is_dir() and (tmp_path / ".data2.old-y" / "data").is_dir()
 
 
 @pytest.mark.slow

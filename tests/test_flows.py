@@ -194,6 +194,12 @@ def test_promotion_needs_a_win_beyond_the_margin():
     assert compare("2", {"greedy/em": 0.55}, "1", {"greedy/em": 0.5}, "greedy/em", 0.02).promoted
     kept = compare("2", {"greedy/em": 0.51}, "1", {"greedy/em": 0.5}, "greedy/em", 0.02)
     assert not kept.promoted and kept.champion_after == "1" and "does not beat" in kept.reason
+    # a NaN (a plug-in's metric) is never promoted, and a NaN champion does not hold the alias forever
+    nan = float("nan")
+    assert not compare("2", {"greedy/em": nan}, None, None, "greedy/em", 0.0).promoted
+    refused = compare("2", {"greedy/em": nan}, "1", {"greedy/em": 0.5}, "greedy/em", 0.0)
+    assert not refused.promoted and refused.champion_after == "1" and "not a finite score" in refused.reason
+    assert compare("2", {"greedy/em": 0.1}, "1", {"greedy/em": nan}, "greedy/em", 0.02).promoted
 
 
 def test_model_references():
