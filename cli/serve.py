@@ -21,6 +21,10 @@ import signal
 from agentr1.errors import EXIT_OK
 
 STOPPED_NOTE = "the server answered the requests it had and shut down"
+MAX_BODY_BYTES = 64 << 20
+"""A larger request body is refused (413) as it arrives, unparsed: the most a request may hold
+(``openai_chat.MAX_MESSAGES`` messages of ``MAX_CONTENT_CHARS`` characters, each at most 6 bytes as
+a JSON escape: ~37 MiB, plus tools) is less."""
 
 
 def make_app(completions):  # annotations evaluated here: FastAPI reads them (no __future__ import)
@@ -48,8 +52,13 @@ def make_app(completions):  # annotations evaluated here: FastAPI reads them (no
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
+        raw = bytearray()
+        async for chunk in request.stream():  # read no further than a request the model could answer
+            raw += chunk
+            if len(raw) > MAX_BODY_BYTES:
+                return error(f"the request body is over {MAX_BODY_BYTES} bytes", 413)
         try:
-            body = json.loads(await request.body())
+            body = json.loads(bytes(raw))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             return error(f"the request body is not JSON ({err})")
         except RecursionError:

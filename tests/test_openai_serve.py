@@ -198,3 +198,8 @@ def test_streaming_and_refusals_over_http(server):
         answer = httpx.post(f"{server['url']}/chat/completions", content=raw.encode(),
                             headers={"Content-Type": "application/json"}, timeout=30)
         assert answer.status_code == 400 and said in answer.json()["error"]["message"], (raw[:80], answer.text[:200])
+    from cli.serve import MAX_BODY_BYTES
+
+    huge = httpx.post(f"{server['url']}/chat/completions", content=b" " * (MAX_BODY_BYTES + 1),
+                      headers={"Content-Type": "application/json"}, timeout=60)
+    assert huge.status_code == 413 and "over" in huge.json()["error"]["message"]
