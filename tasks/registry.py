@@ -39,8 +39,8 @@ CHECKPOINT_LABEL = "checkpoint"
 WEIGHT_FILES = "*.safetensors"  # the policy (maybe sharded or a LoRA adapter) and value_head.safetensors
 FINAL_EVAL = "eval/final/"  # where a training run logs its own policy's scores (tasks.training)
 # Params that shape an evaluation's number: two runs' scores compare only when these and the
-# data version agree.
-EVAL_PARAM_PREFIXES = ("eval.", "env.", "rollout.", "reward.")
+# data version agree (the seed sets the sampled evaluation's draws; plug-ins define tools).
+EVAL_PARAM_PREFIXES = ("eval.", "env.", "rollout.", "reward.", "seed", "plugins")
 
 
 class RegistrationRefused(UserError, RuntimeError):

@@ -182,13 +182,13 @@ def test_first_clients_on_a_new_store_do_not_race(new_store, tmp_path):
 # ----------------------------------------------------------------------------- promotion
 
 
-def scored_version(score: float, data_hash: str = "d1", split: str = "test") -> tuple[str, str]:
+def scored_version(score: float, data_hash: str = "d1", split: str = "test", seed: int = 0) -> tuple[str, str]:
     """A finished run that logged ``score`` for its own final policy, and a registered version
     of it: ``(run_id, version)``. (The version's source is a plain directory: promotion reads
     only the registry and the runs.)"""
     c = tracking.client()
     with tracking.start_run(EXP, f"challenger-{score}") as run_id:
-        tracking.log_params(run_id, {"eval.split": split, "env.max_turns": 2})
+        tracking.log_params(run_id, {"eval.split": split, "env.max_turns": 2, "seed": seed})
         tracking.set_tags(run_id, {tracking.TAG_DATA_HASH: data_hash})
         tracking.log_metrics(run_id, {f"eval/final/{METRIC}": score}, step=0)
     try:
@@ -225,6 +225,11 @@ def test_a_moved_champion_measured_differently_is_kept_and_the_reason_says_why(f
     decision = promote_if_better.fn(v2, {METRIC: 0.9}, None, None, METRIC, 0.0, run_id)
     assert not decision.promoted and decision.champion_after == v1 == champion_now()
     assert "another data version" in decision.reason and "kept" in decision.reason
+
+    # the seed sets the sampled evaluation's draws: a champion scored under another one is kept too
+    other_run, v3 = scored_version(0.95, data_hash="old-data", seed=1)
+    decision = promote_if_better.fn(v3, {METRIC: 0.95}, None, None, METRIC, 0.0, other_run)
+    assert not decision.promoted and "other settings (seed)" in decision.reason
 
 
 def consistent_order(decisions: list[dict], final: str | None) -> bool:
