@@ -136,6 +136,17 @@ def test_musique_record_fields(tmp_path):
         ("hotpotqa", HOTPOT_RECORD | {"_id": "h0"}, "[1].id", "duplicate"),
         ("musique", MUSIQUE_RECORD | {"answer_aliases": "A"}, "[1].answer_aliases", "list"),
         ("musique", MUSIQUE_RECORD | {"paragraphs": [{"title": "x"}]}, "[1].paragraphs[0].paragraph_text", "string"),
+        # wrong types, hostile text and sizes: a DataError naming the input row, never a traceback
+        ("hotpotqa", HOTPOT_RECORD | {"supporting_facts": [[["Kelmora"], 0]]}, "[1].supporting_facts[0]", "title string"),
+        ("hotpotqa", HOTPOT_RECORD | {"supporting_facts": [["Kelmora", "0"]]}, "[1].supporting_facts[0]", "index"),
+        ("hotpotqa", HOTPOT_RECORD | {"answer": "a\ud800"}, "[1].answer", "lone surrogate"),
+        ("hotpotqa", HOTPOT_RECORD | {"question": "x" * 3000}, "[1].question", "more than the limit"),
+        ("musique", MUSIQUE_RECORD | {"paragraphs": [{"title": None, "paragraph_text": "t", "is_supporting": True}]},
+         "[1].paragraphs[0].title", "string"),
+        ("musique", MUSIQUE_RECORD | {"paragraphs": [{"title": "T", "paragraph_text": "t", "is_supporting": 1}]},
+         "[1].paragraphs[0].is_supporting", "true or false"),
+        ("musique", MUSIQUE_RECORD | {"answerable": "false"}, "[1].answerable", "true or false"),
+        ("musique", MUSIQUE_RECORD | {"id": "5hop__1_2_3_4_5"}, "[1].hops", "integer in [1, 4]"),
     ],
 )
 def test_bad_records_name_record_and_field(tmp_path, fmt, record, field, needle):

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from agentr1.data.records import DataError, Document, QARecord, write_dataset
+from agentr1.data.records import DataError, Document, QARecord, _unencodable, write_dataset
 
 DEFAULT_SPLIT = "dev"
 DOC_ID_CHARS = 16
@@ -83,7 +83,7 @@ def read_rows(path: str | os.PathLike) -> Iterator[_Row]:
     except json.JSONDecodeError:
         whole = None  # not one JSON document: JSON lines (or garbage, reported per line)
     if isinstance(whole, list):
-        yield from (_Row(path, None, i, obj) for i, obj in enumerate(whole))
+        yield from (_checked_text(_Row(path, None, i, obj)) for i, obj in enumerate(whole))
         return
     index = 0
     for number, line in enumerate(raw.splitlines(), start=1):
@@ -93,8 +93,19 @@ def read_rows(path: str | os.PathLike) -> Iterator[_Row]:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise DataError(path, number, None, f"not valid JSON ({e.msg} at column {e.colno})") from e
-        yield _Row(path, number, index, obj)
+        yield _checked_text(_Row(path, number, index, obj))
         index += 1
+
+
+def _checked_text(row: _Row) -> _Row:
+    """The row, unless a string in it (a key included) is not encodable text: JSON's lone-surrogate
+    escapes (``\\ud800``) decode to strings no writer or tokenizer takes."""
+    bad = _unencodable(row.obj)
+    if bad is not None:
+        field, at = bad
+        raise row.error(field or "(record)", f"holds a lone surrogate (a JSON \\udXXX escape that is not half of "
+                                             f"a pair) at character {at + 1}: not text that can be encoded")
+    return row
 
 
 def doc_id(title: str, text: str) -> str:
@@ -141,6 +152,10 @@ def _hotpot_layout(row: _Row) -> tuple[list[tuple[str, list[str]]], list[tuple[s
             support = [(title, sent_id) for title, sent_id in facts]
     except (KeyError, TypeError, ValueError) as e:
         raise row.error("supporting_facts", f"expected [[title, sent_id]] or {{title: [], sent_id: []}} ({e})") from e
+    for i, (title, sent_id) in enumerate(support):
+        if not isinstance(title, str) or isinstance(sent_id, bool) or not isinstance(sent_id, int):
+            raise row.error(f"supporting_facts[{i}]", f"expected [title string, sentence index], got "
+                                                      f"[{title!r:.80}, {sent_id!r:.20}]")
     for i, (title, sentences) in enumerate(paragraphs):
         if not isinstance(title, str) or not isinstance(sentences, list) or not all(isinstance(s, str) for s in sentences):
             raise row.error(f"context[{i}]", "expected a title string and a list of sentence strings")
@@ -196,13 +211,21 @@ def _musique_answers(row: _Row) -> tuple[str, ...]:
 
 def _musique_record(row: _Row, pool: _Pool) -> QARecord | None:
     record_id = row.text("id")
-    if row.obj.get("answerable", True) is False:
+    answerable = row.obj.get("answerable", True)
+    if not isinstance(answerable, bool):
+        raise row.error("answerable", f"expected true or false, got {answerable!r:.40}")
+    if not answerable:
         return None
     supporting: list[str] = []
     for i, paragraph in enumerate(row.get("paragraphs", list)):
         if not isinstance(paragraph, dict) or not isinstance(paragraph.get("paragraph_text"), str):
             raise row.error(f"paragraphs[{i}].paragraph_text", "expected a string")
-        title, text = str(paragraph.get("title", "")), paragraph["paragraph_text"].strip()
+        title, text = paragraph.get("title", ""), paragraph["paragraph_text"].strip()
+        if not isinstance(title, str):
+            raise row.error(f"paragraphs[{i}].title", f"expected a string, got {type(title).__name__}")
+        if not isinstance(paragraph.get("is_supporting", False), bool):
+            raise row.error(f"paragraphs[{i}].is_supporting", f"expected true or false, got "
+                                                              f"{paragraph['is_supporting']!r:.40}")
         if not text:
             if paragraph.get("is_supporting"):
                 raise row.error(f"paragraphs[{i}].paragraph_text", "a supporting paragraph is empty")
@@ -232,6 +255,17 @@ SOURCE_KINDS = (SYNTHETIC, *sorted(CONVERTERS))
 """Where a dataset comes from: the environment's generator, or one of the converters."""
 
 
+def _check_against_schema(row: _Row, record: QARecord, new_docs: list[Document]) -> None:
+    """The record and the paragraphs it added, by the schema every loader applies (field sizes,
+    hops), reported against the input row rather than the file the converter would write."""
+    for where, check, obj in ((None, QARecord.from_json, record.to_json()),
+                              *((f"paragraph {d.title!r:.60}", Document.from_json, d.to_json()) for d in new_docs)):
+        try:
+            check(obj)
+        except DataError as e:
+            raise row.error(e.field or "(record)", e.message if where is None else f"{where}: {e.message}") from None
+
+
 def convert(fmt: str, input_path: str | os.PathLike) -> tuple[list[QARecord], list[Document]]:
     """Records (input order, unconvertible ones skipped) and the pooled paragraph corpus."""
     if fmt not in CONVERTERS:
@@ -239,9 +273,11 @@ def convert(fmt: str, input_path: str | os.PathLike) -> tuple[list[QARecord], li
     pool, records = _Pool(), []
     first_seen: dict[str, int] = {}
     for row in read_rows(input_path):
+        before = len(pool.docs)
         record = CONVERTERS[fmt](row, pool)
         if record is None:
             continue
+        _check_against_schema(row, record, pool.docs[before:])
         if record.id in first_seen:
             raise row.error("id", f"duplicate id {record.id!r} (first in record {first_seen[record.id]})")
         first_seen[record.id] = row.index
