@@ -28,12 +28,13 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import os
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from agentr1.ablation import FULL, VARIANTS, efficiency, mean_curve, mean_std
 from agentr1.metrics import EM_KEYS
@@ -354,6 +355,8 @@ def splice(path: str | Path, name: str, text: str) -> bool:
 
 # ----------------------------------------------------------------------------- export and render
 
+STUDY_NAME = re.compile(r"^[\w.-]+$")
+"""What a study may be called: it names the files its report writes (``<out>/<study>.md``)."""
 EXPORT_FORMAT = "agentr1-study/1"
 EXPORT_SUFFIX = ".jsonl"
 
@@ -382,7 +385,14 @@ def _finite(obj):
     return obj
 
 
-def _nan(values: dict) -> dict[str, float]:
+def _nan(values: Any) -> dict[str, float]:
+    """Metrics as read from an export: numbers, with null (how NaN is written) back to NaN; a
+    TypeError naming the metric for anything else."""
+    if not isinstance(values, dict):
+        raise TypeError(f"expected an object of metrics, got {type(values).__name__}")
+    for k, v in values.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+            raise TypeError(f"metric {k!r}: expected a number or null, got {v!r:.40}")
     return {k: math.nan if v is None else v for k, v in values.items()}
 
 
@@ -408,19 +418,24 @@ def read_export(path: str | Path) -> Study:
             rows.append(json.loads(line))
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{number}: not JSON: {err.msg}") from None
-    if not rows or rows[0].get("format") != EXPORT_FORMAT:
-        raise ValueError(f"{path}:1: field 'format': expected {EXPORT_FORMAT!r}, got "
-                         f"{(rows[0].get('format') if rows else None)!r}")
-    head = rows[0]
+    head = rows[0] if rows and isinstance(rows[0], dict) else {}
+    if head.get("format") != EXPORT_FORMAT:
+        raise ValueError(f"{path}:1: field 'format': expected {EXPORT_FORMAT!r}, got {head.get('format')!r}")
+    for key in ("study", "command"):
+        if not isinstance(head.get(key), str):
+            raise ValueError(f"{path}:1: field {key!r}: expected a string, got {head.get(key)!r:.60}")
+    if not STUDY_NAME.match(head["study"]):  # it names the files the report writes
+        raise ValueError(f"{path}:1: field 'study': {head['study']!r:.60} is not a name of letters, digits, "
+                         "'.', '_' or '-'")
     records = []
     for number, row in enumerate(rows[1:], start=2):
         try:
             records.append(RunRecord(
                 row["variant"], row["warmup"], int(row["seed"]), _nan(row["final"]), Provenance(**row["provenance"]),
-                start=_nan(row.get("start", {})), curve=row.get("curve", []),
+                start=_nan(row.get("start", {})), curve=[_nan(p) for p in row.get("curve", [])],
                 baselines={b: _nan(m) for b, m in row.get("baselines", {}).items()},
-                history=row.get("history", []), params=row.get("params", {})))
-        except (KeyError, TypeError, ValueError) as err:
+                history=[_nan(p) for p in row.get("history", [])], params=row.get("params", {})))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise ValueError(f"{path}:{number}: a run line lacks or misstates a field: {err}") from None
     if head.get("kind") not in ("ablation", "pipeline", "suite") or len(records) != head.get("runs"):
         raise ValueError(f"{path}:1: field 'kind' or 'runs': kind {head.get('kind')!r}, {head.get('runs')} runs "

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
@@ -19,8 +18,8 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 
 from agentr1.ablation import CURVE_KEYS
 from agentr1.metrics import HEADLINE_KEYS
-from agentr1.report import (BASELINE_LABELS, DIRTY, EXPORT_SUFFIX, Provenance, RunRecord, Study, export_text,
-                            read_export, render_study, variant_order)
+from agentr1.report import (BASELINE_LABELS, DIRTY, EXPORT_SUFFIX, STUDY_NAME, Provenance, RunRecord, Study,
+                            export_text, read_export, render_study, variant_order)
 from tasks import tracking
 
 MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"
@@ -110,7 +109,6 @@ def publish_summary(key: str, title: str, sections: list[str], run_id: str | Non
 TAG_SOURCE_RUN = "agentr1.source_run_id"  # an imported run: the run of the export it stands for
 TAG_IMPORTED_FROM = "agentr1.imported_from"  # an imported run: the export file's name
 TAG_WARMUP_LABEL = "agentr1.warmup_label"  # an imported ablation parent: the warm-up as published
-STUDY_NAME = re.compile(r"^[\w.-]+$")
 CURVE_METRICS = (*CURVE_KEYS, "train_seconds")
 PIPELINE_EXPERIMENTS = ("pipeline", "retrain")
 # What a pipeline run's learning-curve plot draws (agentr1.plots.plot_learning_curve).
@@ -250,6 +248,12 @@ def import_study(path: str | Path) -> list[str]:
     study = read_export(path)
     c = tracking.client()
     made: list[str] = []
+    ids = [e.experiment_id for e in map(c.get_experiment_by_name, tracking.EXPERIMENTS.values()) if e is not None]
+    there = c.search_runs(ids, f"tags.`{tracking.TAG_STUDY}` = '{study.name}' and "
+                               f"tags.`{TAG_IMPORTED_FROM}` = '{Path(path).name}'", max_results=1) if ids else []
+    if there:  # a second import would count every run twice in `report --study`
+        raise ValueError(f"{path}: study {study.name!r} was imported into this store already (run "
+                         f"{there[0].info.run_id}); nothing imported")
 
     def create(kind: str, name: str, rec: RunRecord | None, tags: dict, parent: str | None = None) -> str:
         prov = {}

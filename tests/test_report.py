@@ -203,6 +203,12 @@ def test_the_export_alone_regenerates_the_report_and_imports_into_another_store(
     assert main(["report", "--study", STUDY, "--out", str(tmp_path / "third")]) == 0
     capsys.readouterr()
     assert read_export(tmp_path / "third" / f"{STUDY}.jsonl").records == read_export(export).records
+    # a second import would count every run twice: refused, nothing made
+    assert main(["report", "--import", str(export)]) == 2
+    assert "was imported into this store already" in capsys.readouterr().err
+    assert main(["report", "--study", STUDY, "--out", str(tmp_path / "fourth")]) == 0
+    capsys.readouterr()
+    assert read_export(tmp_path / "fourth" / f"{STUDY}.jsonl").records == read_export(export).records
 
 
 def test_a_broken_export_is_named_by_file_line_and_field(tmp_path):
@@ -216,6 +222,20 @@ def test_a_broken_export_is_named_by_file_line_and_field(tmp_path):
                    '{"variant": "pipeline"}\n')
     with pytest.raises(ValueError, match=r"x.jsonl:2: a run line lacks"):
         read_export(bad)
+    head = '{"format": "agentr1-study/1", "study": "s", "kind": "pipeline", "command": "c", "runs": 1}\n'
+    run = {"variant": "pipeline", "warmup": "seed 0", "seed": 0, "final": {"greedy/em": 0.5},
+           "provenance": {"run_id": "r", "git_commit": "c", "data_hash": "d", "config_hash": "h"}}
+    for text, said in (("[]\n", "x.jsonl:1: field 'format'"),  # a header that is not an object
+                       (head.replace('"command": "c", ', ""), "x.jsonl:1: field 'command'"),
+                       (head.replace('"study": "s"', '"study": "../../evil"'), "x.jsonl:1: field 'study'"),
+                       (head + json.dumps({**run, "final": {"greedy/em": "high"}}) + "\n", "x.jsonl:2: .*'greedy/em'"),
+                       (head + json.dumps({**run, "curve": [{"iteration": 5, "greedy/em": [1]}]}) + "\n",
+                        "x.jsonl:2: .*'greedy/em'")):
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=said):
+            read_export(bad)
+    bad.write_text(head + json.dumps({**run, "history": [{"iteration": 1, "rollout/em": None}]}) + "\n")
+    assert math.isnan(read_export(bad).records[0].history[0]["rollout/em"])  # null is how NaN is written
 
 
 def test_report_names_what_is_missing(capsys):
