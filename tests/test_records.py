@@ -246,6 +246,22 @@ def test_write_keeps_a_marked_dataset_that_holds_a_users_file(tmp_path):
     assert (tmp_path / "ds" / "qa" / "mine.jsonl").read_text() == "my own split\n"
 
 
+@pytest.mark.parametrize("make, shown", [
+    (lambda d, mine: (d / "link").symlink_to(mine, target_is_directory=True), "link"),  # a link to a user's folder
+    (lambda d, mine: (d / "empty").mkdir(), "empty"),                                 # a user's (empty) folder
+    (lambda d, mine: (d / "qa" / "later").mkdir(), "qa/later"),
+])
+def test_write_keeps_a_marked_dataset_that_holds_a_users_folder_or_link(tmp_path, make, shown):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("keep me")
+    write_dataset(tmp_path / "ds", {"dev": [_record()]}, DOCS)
+    make(tmp_path / "ds", mine)
+    with pytest.raises(DataError, match=rf"holds files agentr1 did not write \({shown}\)"):
+        write_dataset(tmp_path / "ds", {"dev": [_record()]}, DOCS)
+    assert (tmp_path / "ds" / shown).exists() and (mine / "thesis.tex").read_text() == "keep me"
+
+
 def test_a_generated_file_the_user_edited_is_never_regenerated_over(tmp_path):
     """The marker keeps each file's digest: a dataset the generator made whose corpus went missing
     while its train split was edited is refused, naming the edited file, and the edit stays."""

@@ -541,8 +541,16 @@ def changed_since_generated(data_dir: str | os.PathLike) -> list[str]:
     return [f for f in present if digests.get(f) != _file_sha256(data_dir / f)]
 
 
-def _files_under(data_dir: Path) -> list[str]:
-    return sorted(p.relative_to(data_dir).as_posix() for p in data_dir.rglob("*") if not p.is_dir())
+def _entries_under(data_dir: Path, keep_dirs: set[str] = frozenset()) -> list[str]:
+    """Every entry under ``data_dir`` (files, links of any kind, directories, not following links),
+    but the directories in ``keep_dirs``, relative POSIX paths: what replacing it would delete."""
+    out = []
+    for root, dirs, files in os.walk(data_dir, followlinks=False):
+        for name in [*dirs, *files]:
+            rel = (Path(root) / name).relative_to(data_dir).as_posix()
+            if rel not in keep_dirs or (Path(root) / name).is_symlink():
+                out.append(rel)
+    return sorted(out)
 
 
 def missing_parts(data_dir: str | os.PathLike) -> list[str]:
@@ -579,7 +587,11 @@ def _check_replaceable(target: Path, overwrite: bool) -> None:
                         "replaced; remove it yourself or choose a directory that does not exist")
     if not overwrite:
         raise DataError(target, None, None, "exists: not replaced (overwrite=False)")
-    foreign = [f for f in _files_under(target) if f != MARKER_FILE and f not in marked]
+    # The folders of the files it wrote are its own; anything else (a user's file, folder or link,
+    # even an empty folder or a link to one) would be deleted with the directory.
+    folders = {Path(f).parents[i].as_posix() for f in marked for i in range(len(Path(f).parents) - 1)}
+    foreign = [f for f in _entries_under(target, folders) if f != MARKER_FILE and f not in marked
+               or (target / f).is_symlink()]
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise DataError(target, None, None, f"holds files agentr1 did not write ({shown}): not replaced")
