@@ -339,17 +339,34 @@ def markers(name: str) -> tuple[str, str]:
 
 def splice(path: str | Path, name: str, text: str) -> bool:
     """Put ``text`` between ``name``'s markers in the markdown file ``path`` (what was there is
-    the previous generation of the same text); returns whether the file changed. A file without
-    the markers is an error naming them: nothing of the user's is overwritten."""
+    the previous generation of the same text); returns whether the file changed. The markers count
+    only as whole lines outside fenced code blocks (a document may show them as an example), once
+    each; the file's line endings are kept. A file without the markers, or with several pairs, is
+    an error naming them: nothing of the user's is overwritten."""
     path = Path(path)
     begin, end = markers(name)
-    doc = path.read_text(encoding="utf-8")
-    start, stop = doc.find(begin), doc.find(end)
-    if start < 0 or stop < start:
+    with open(path, encoding="utf-8", newline="") as f:  # as it is: CRLF stays CRLF
+        doc = f.read()
+    lines = doc.splitlines(keepends=True)
+    found: dict[str, list[int]] = {begin: [], end: []}
+    fenced = False
+    for i, line in enumerate(lines):
+        bare = line.strip()
+        if bare.startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced and bare in found:
+            found[bare].append(i)
+    (starts, stops) = found[begin], found[end]
+    if not starts or not stops or stops[0] < starts[0]:
         raise ValueError(f"{path}: no '{begin}' ... '{end}' block to put the {name} report in")
-    new = f"{doc[:start + len(begin)]}\n{text.strip()}\n{doc[stop:]}"
+    if len(starts) > 1 or len(stops) > 1:
+        raise ValueError(f"{path}: {len(starts)} '{begin}' and {len(stops)} '{end}' lines: one block per report")
+    eol = "\r\n" if lines[starts[0]].endswith("\r\n") else "\n"
+    body = [f"{line}{eol}" for line in text.strip().split("\n")]
+    new = "".join([*lines[:starts[0] + 1], *body, *lines[stops[0]:]])
     if new != doc:
-        path.write_text(new, encoding="utf-8")
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            f.write(new)
     return new != doc
 
 

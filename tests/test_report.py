@@ -262,3 +262,18 @@ def test_splicing_needs_the_markers_and_keeps_the_rest(tmp_path):
     with pytest.raises(ValueError, match="no '<!-- report:other -->'"):
         splice(doc, "other", "x")
     assert "other" not in doc.read_text()
+    # markers shown as an example in a code block are text; the real block is filled
+    shown = "```\n<!-- report:s -->\n<!-- /report:s -->\n```\n"
+    doc.write_text(shown + "<!-- report:s -->\nold\n<!-- /report:s -->\n")
+    splice(doc, "s", "new")
+    assert doc.read_text() == shown + "<!-- report:s -->\nnew\n<!-- /report:s -->\n"
+    # CRLF stays CRLF, outside the block and in it
+    doc.write_bytes(b"intro\r\n<!-- report:s -->\r\nold\r\n<!-- /report:s -->\r\noutro\r\n")
+    splice(doc, "s", "a\nb")
+    assert doc.read_bytes() == b"intro\r\n<!-- report:s -->\r\na\r\nb\r\n<!-- /report:s -->\r\noutro\r\n"
+    # two blocks of one report: which one is meant is not guessed
+    twice = "<!-- report:s -->\nx\n<!-- /report:s -->\n" * 2
+    doc.write_text(twice)
+    with pytest.raises(ValueError, match="one block per report"):
+        splice(doc, "s", "new")
+    assert doc.read_text() == twice
