@@ -187,22 +187,44 @@ def run_flow(args: argparse.Namespace, flow, params):
     from cli.console import stdout_to_stderr
 
     received: list[int] = []
+    stops = (signal.SIGTERM, signal.SIGHUP)
 
     def stop(signum: int, frame) -> None:
         received.append(signum)
         raise Stopped(signum)
 
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # While a task or flow runs, Prefect's own SIGTERM handler is installed and raises its
+    # TerminationSignal without calling this one; when that lands as a task starts, Prefect loses it
+    # (the task fails with ValueError('Task run is not set')). The interpreter's wakeup fd sees every
+    # signal, whichever Python handler runs: what arrived is read from it.
+    wake_r, wake_w = os.pipe()
+    for fd in (wake_r, wake_w):
+        os.set_blocking(fd, False)
+    old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+
+    def arrived() -> list[int]:
+        try:
+            seen = os.read(wake_r, 1024)
+        except BlockingIOError:
+            seen = b""
+        received.extend(s for s in seen if s in stops and s not in received)
+        return received
+
+    previous = {s: signal.signal(s, stop) for s in stops}
     try:
         with stdout_to_stderr() if args.json else contextlib.nullcontext():
             state = flow(params, return_state=True)
     except Exception as exc:
-        if received:
+        if arrived():
             raise Stopped(received[0]) from exc
         raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        signal.set_wakeup_fd(old_wakeup)
+        arrived()
+        os.close(wake_r)
+        os.close(wake_w)
     if received:
         if not state.is_crashed():
             _set_crashed(state.state_details.flow_run_id, signal.Signals(received[0]).name)

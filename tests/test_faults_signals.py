@@ -271,3 +271,31 @@ def test_a_killed_flow_runs_mlflow_and_prefect_runs_are_ended_at_the_next_start(
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(flow_run_id).state.is_crashed()
     assert crash_orphaned_flow_runs(tracking.EXPERIMENTS["pipeline"]) == []  # once only
+
+
+def test_a_stop_that_another_handler_swallowed_is_still_a_stop():
+    """While a task starts, Prefect's own SIGTERM handler is the one installed; it can lose the
+    signal (the task fails with ValueError('Task run is not set')) and never call ours. run_flow
+    reads what arrived from the interpreter's wakeup fd, so the command still stops as stopped."""
+    import argparse
+    import types
+
+    from cli.flows import Stopped, run_flow
+
+    def flow(params, return_state):
+        swallow = signal.signal(signal.SIGTERM, lambda *a: None)  # as Prefect's bridge does, in effect
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        finally:
+            signal.signal(signal.SIGTERM, swallow)
+        raise ValueError("Task run is not set")
+
+    with pytest.raises(Stopped) as stopped:
+        run_flow(argparse.Namespace(json=False), flow, None)
+    assert stopped.value.signum == signal.SIGTERM and isinstance(stopped.value.__cause__, ValueError)
+
+    def quiet(params, return_state):  # no signal: the flow's own outcome, untouched
+        return types.SimpleNamespace(is_crashed=lambda: False)
+
+    assert run_flow(argparse.Namespace(json=False), quiet, None).is_crashed() is False
