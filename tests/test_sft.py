@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from agentr1.episode import Trajectory
 from agentr1.rl.sft import demo_returns, fit_value_head, pack_documents, pad_episodes
 
 
@@ -26,11 +27,17 @@ def test_pad_episodes_targets_are_the_action_tokens_shifted():
 def test_demo_returns_sum_the_rewards_still_to_come():
     #           prompt   turn 1   obs   turn 2  obs turn 3
     mask = [0, 0, 1, 1, 0, 0, 1, 0, 1, 1]
-    _, _, target = pad_episodes([(list(range(10)), mask)], pad_token_id=0)
-    returns = demo_returns(target, [[0.2, 0.0, -0.1]], [1.0])
+    demo = Trajectory("r", list(range(10)), mask, [], prompt_len=2, turn_ends=[3, 6, 9],
+                      process_rewards=[0.2, 0.0, -0.1], outcome_reward=1.0)
+    short = Trajectory("s", [1, 2, 3], [0, 1, 1], [], prompt_len=1, turn_ends=[2], process_rewards=[0.5],
+                       outcome_reward=-1.0)
+    _, _, target = pad_episodes([(d.token_ids, d.action_mask) for d in (demo, short)], pad_token_id=0)
+    returns = demo_returns(target, [demo, short])
     assert returns[0].tolist() == pytest.approx([0, 1.1, 1.1, 0, 0, 0.9, 0, 0.9, 0.9])  # mask[1:]
+    assert returns[1].tolist() == pytest.approx([-0.5, -0.5, 0, 0, 0, 0, 0, 0, 0])  # padding gets 0
+    demo.process_rewards = [0.2, 0.0]  # a reward missing for a turn is refused, not spread
     with pytest.raises(ValueError, match="2 values but 3 positions"):
-        demo_returns(target, [[0.2, 0.0]], [1.0])
+        demo_returns(target, [demo, short])
 
 
 def test_fit_value_head_recovers_a_linear_target_and_leaves_the_trunk():

@@ -26,7 +26,7 @@ import random
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import Stemmer
 from bm25s.stopwords import STOPWORDS_EN
@@ -36,6 +36,7 @@ from agentr1.data.records import Document, QARecord
 
 SOURCE = "synthetic"
 SPLITS = ("train", "dev", "test")
+T = TypeVar("T")
 SIZES = SynthConfig()
 """The split sizes every generator defaults to: the config's (``data.synth``)."""
 # Documents are read by a ~1M-parameter model inside a short context: keep them short.
@@ -485,6 +486,26 @@ def check_hop_weights(hop_weights: Sequence[float]) -> None:
         raise ValueError(f"hop_weights needs 1 to 3 entries, got {len(hop_weights)}")
 
 
+def draw_splits(rng: random.Random, sizes: Sequence[int], hop_weights: Sequence[float],
+                paths_of: Callable[[int], list], make: Callable[[str, int, object], T]) -> dict[str, list[T]]:
+    """Every generator's questions (QA, SQL, mixed): for each split of :data:`SPLITS` with
+    ``sizes`` questions, its hop counts in the shares ``hop_weights`` in ``rng``'s order, and
+    ``make(split, i, path)`` for a path of that many hops (``paths_of(hops)``) drawn by ``rng``."""
+    paths = {h: paths_of(h) for h in range(1, len(hop_weights) + 1)}
+    splits = {}
+    for split, n in zip(SPLITS, sizes):
+        hop_list = _hop_counts(n, hop_weights)
+        rng.shuffle(hop_list)
+        splits[split] = [make(split, i, rng.choice(paths[h])) for i, h in enumerate(hop_list)]
+    return splits
+
+
+def synth_args(cfg) -> dict:
+    """A generator's arguments from ``cfg.data.synth`` (each environment's ``generate_from_config``)."""
+    s = cfg.data.synth
+    return {"seed": s.seed, "n_train": s.n_train, "n_dev": s.n_dev, "n_test": s.n_test, "names": s.names}
+
+
 def generate(
     seed: int,
     n_train: int = SIZES.n_train,
@@ -502,14 +523,8 @@ def generate(
     """
     check_hop_weights(hop_weights)
     world = _World(seed, names)
-    paths = {h: relation_paths(h) for h in range(1, len(hop_weights) + 1)}
-    questions: dict[str, list[_Question]] = {}
-    for split, n in zip(SPLITS, (n_train, n_dev, n_test)):
-        hop_list = _hop_counts(n, hop_weights)
-        world.rng.shuffle(hop_list)
-        questions[split] = [
-            _make_question(world, f"{split}-{i:05d}", world.rng.choice(paths[h])) for i, h in enumerate(hop_list)
-        ]
+    questions = draw_splits(world.rng, (n_train, n_dev, n_test), hop_weights, relation_paths,
+                            lambda split, i, path: _make_question(world, f"{split}-{i:05d}", path))
     doc_ids, corpus = _corpus(world)
     # A split with no questions is left out: an empty split file is invalid data.
     splits = {split: [_to_record(q, doc_ids) for q in qs] for split, qs in questions.items() if qs}
@@ -549,5 +564,4 @@ def dataset_stats(splits: dict[str, list[QARecord]], corpus: Sequence[Document])
 
 def generate_from_config(cfg) -> tuple[dict[str, list[QARecord]], list[Document]]:
     """The ``qa`` environment's generator: :func:`generate` with ``cfg.data.synth``."""
-    s = cfg.data.synth
-    return generate(s.seed, n_train=s.n_train, n_dev=s.n_dev, n_test=s.n_test, names=s.names)
+    return generate(**synth_args(cfg))

@@ -31,16 +31,16 @@ from agentr1.data.synth import (
     DEFAULT_NAMES,
     LOOKALIKES_PER_QUESTION,
     SIZES,
-    SPLITS,
     Name,
     _corpus,
-    _hop_counts,
     _question_text,
     _World,
     check_hop_weights,
+    draw_splits,
     distractor_of,
     kind_id,
     relation_kinds,
+    synth_args,
 )
 from agentr1.env.protocol import SEARCH_TOOL_NAME
 from agentr1.env.sql import DB_FILE, SQL_TOOL_NAME
@@ -109,13 +109,8 @@ def generate(
     """The mixed dataset for ``seed``: (splits, documents + table schemas, {DB_FILE: bytes})."""
     check_hop_weights(hop_weights)
     world, rows = _World(seed, names), _Rows()
-    paths = {h: _paths(h) for h in range(1, len(hop_weights) + 1)}
-    drafts: dict[str, list[QARecord]] = {}
-    for split, n in zip(SPLITS, (n_train, n_dev, n_test)):
-        hop_list = _hop_counts(n, hop_weights)
-        world.rng.shuffle(hop_list)
-        drafts[split] = [_question(world, rows, f"mixed-{split}-{i:05d}", world.rng.choice(paths[h]))[0]
-                         for i, h in enumerate(hop_list)]
+    drafts = draw_splits(world.rng, (n_train, n_dev, n_test), hop_weights, _paths,
+                         lambda split, i, path: _question(world, rows, f"mixed-{split}-{i:05d}", path)[0])
     doc_ids, corpus = _corpus(world)
     splits = {split: [_finish(r, doc_ids) for r in records] for split, records in drafts.items() if records}
     rows.complete()
@@ -124,6 +119,5 @@ def generate(
 
 def generate_from_config(cfg):
     """The ``mixed`` environment's generator: :func:`generate` with ``cfg.data.synth``."""
-    s = cfg.data.synth
-    return generate(s.seed, n_train=s.n_train, n_dev=s.n_dev, n_test=s.n_test, names=s.names)
+    return generate(**synth_args(cfg))
 

@@ -41,17 +41,17 @@ from agentr1.data.synth import (
     DEFAULT_NAMES,
     MAIN_RELATIONS,
     SIZES,
-    SPLITS,
     Name,
-    _hop_counts,
     _NameMaker,
     _question_text,
     _World,
     check_hop_weights,
+    draw_splits,
     dataset_stats,
     distractor_of,
     kind_id,
     relation_kinds,
+    synth_args,
 )
 from agentr1.env.sql import DB_FILE, SQL_TOOL_NAME
 
@@ -213,15 +213,9 @@ def generate(
     world = _World(seed, names)  # the QA world's seeded rng and name maker, drawn in the same order
     rng, maker = world.rng, world.names
     rows = _Rows()
-    paths = {h: _paths(h) for h in range(1, len(hop_weights) + 1)}
-    splits = {}
-    for split, n in zip(SPLITS, (n_train, n_dev, n_test)):
-        hop_list = _hop_counts(n, hop_weights)
-        rng.shuffle(hop_list)
-        records = [_question(rng, maker, rows, f"sql-{split}-{i:05d}", rng.choice(paths[h]))
-                   for i, h in enumerate(hop_list)]
-        if records:  # an empty split file is invalid data
-            splits[split] = records
+    drafts = draw_splits(rng, (n_train, n_dev, n_test), hop_weights, _paths,
+                         lambda split, i, path: _question(rng, maker, rows, f"sql-{split}-{i:05d}", path))
+    splits = {split: records for split, records in drafts.items() if records}  # an empty split file is invalid data
     rows.complete()
     return splits, schema_docs(), {DB_FILE: build_database(rows, rng)}
 
@@ -239,5 +233,4 @@ def sql_stats(splits: dict[str, list[QARecord]], corpus: Sequence[Document], fil
 
 def generate_from_config(cfg):
     """The ``sql`` environment's generator: :func:`generate` with ``cfg.data.synth``."""
-    s = cfg.data.synth
-    return generate(s.seed, n_train=s.n_train, n_dev=s.n_dev, n_test=s.n_test, names=s.names)
+    return generate(**synth_args(cfg))

@@ -60,17 +60,16 @@ def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, targe
     return loss, {"sft/loss": float(loss.detach()), "sft/token_acc": float(acc)}
 
 
-def demo_returns(target_mask: torch.Tensor, process_rewards: list[list[float]], outcomes: list[float]
-                 ) -> torch.Tensor:
-    """Returns-to-go (gamma 1) of padded demonstrations, (B, L-1) like ``pad_episodes``'s
-    target mask, computed as PPO computes them: each turn's process reward on its last action
-    token, the outcome on the episode's last one, then GAE with V = 0 and lam = 1. A token of
-    turn k gets the process rewards of turns k.. plus the outcome; environment tokens get 0."""
-    on = target_mask.bool()
-    turn_ends = on & ~torch.cat([on[:, 1:], torch.zeros_like(on[:, :1])], dim=1)
-    positions = [row.nonzero().squeeze(-1).tolist() for row in turn_ends]
-    rewards = place_at(process_rewards, positions, tuple(on.shape), on.device) + place_outcome(
-        torch.tensor(outcomes, dtype=torch.float32, device=on.device), target_mask)
+def demo_returns(target_mask: torch.Tensor, demos: list[Trajectory]) -> torch.Tensor:
+    """Returns-to-go (gamma 1) of encoded demonstrations padded by ``pad_episodes`` (its target
+    mask, (B, L-1)), computed as PPO computes them: each turn's process reward on its last
+    action token (``turn_ends``), the outcome on the episode's last one, then GAE with V = 0 and
+    lam = 1. A token of turn k gets the process rewards of turns k.. plus the outcome;
+    environment tokens get 0. Column j - 1 is token j."""
+    positions = [[end - 1 for end in t.turn_ends] for t in demos]
+    rewards = place_at([t.process_rewards for t in demos], positions, tuple(target_mask.shape), target_mask.device)
+    rewards += place_outcome(torch.tensor([t.outcome_reward for t in demos], dtype=torch.float32,
+                                          device=target_mask.device), target_mask)
     return compute_gae(rewards, torch.zeros_like(rewards), target_mask, gamma=1.0, lam=1.0)[1]
 
 
@@ -121,7 +120,7 @@ def value_fit_batches(demos: list[Trajectory], pad_token_id: int, device, batch_
     for start in range(0, len(demos), batch_size):
         chunk = demos[start:start + batch_size]
         ids, attn, target = pad_episodes(ids_and_masks(chunk), pad_token_id)
-        returns = demo_returns(target, [t.process_rewards for t in chunk], [t.outcome_reward for t in chunk])
+        returns = demo_returns(target, chunk)
         yield ids.to(device), attn.to(device), target.to(device), returns.to(device)
         if time.time() - last >= 20:
             last = time.time()
