@@ -244,6 +244,7 @@ doomed()
 """
 
 
+@pytest.mark.slow
 def test_a_killed_flow_runs_mlflow_and_prefect_runs_are_ended_at_the_next_start(prefect_api, tmp_path):
     from prefect import get_client
     from prefect.settings import PREFECT_API_URL

@@ -194,6 +194,7 @@ def world(rollout_world):
             "special_ids": {s: tok.convert_tokens_to_ids(s) for s in FRAME_TOKENS}}
 
 
+@pytest.mark.slow
 def test_100k_generated_turns_parse_step_and_encode(world):
     """Parse -> environment step (real BM25) -> observation ids, for turns no decoder returns
     too (raw lone surrogates, 100 kB strings, depth-5000 JSON). Observations are encoded in

@@ -342,6 +342,7 @@ def test_corrupt_data_fails_the_flow_with_a_report_and_changes_nothing(fault, pr
     assert registry_state() == before
 
 
+@pytest.mark.slow
 def test_corrupted_rollout_batch_stops_before_the_update(prefect_api, data_dir, warm_dir, tmp_path, monkeypatch):
     from flows.pipeline import pipeline
 
@@ -417,6 +418,7 @@ def test_retrain_promotes_a_better_challenger(prefect_api, data_dir, warm_dir, c
     assert tracking.client().get_experiment(experiment).name == "agentr1-retrain"
 
 
+@pytest.mark.slow
 def test_evaluate_flow_on_the_registered_champion(prefect_api, data_dir, champion, tmp_path):
     from flows.evaluate import evaluate
 
@@ -429,6 +431,7 @@ def test_evaluate_flow_on_the_registered_champion(prefect_api, data_dir, champio
     assert f"eval/v{registry_state()[1]}/greedy/em" in run.data.metrics
 
 
+@pytest.mark.slow
 def test_cli_runs_a_flow_and_says_where_to_look(prefect_api, data_dir, champion, tmp_path, capsys, monkeypatch):
     from prefect.settings import PREFECT_API_URL
 

@@ -103,6 +103,7 @@ def test_a_streamable_http_server_on_localhost():
         proc.wait(10)
 
 
+@pytest.mark.slow
 def test_mcp_serve_answers_the_sdks_client(data_dir, tmp_path):  # noqa: F811
     """`agentr1 mcp-serve` over stdio: tools/list gives the search tool's schema, tools/call its
     hits with their document ids as structured keys, and a bad call an isError result."""

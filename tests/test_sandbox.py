@@ -199,6 +199,7 @@ finally:
 """
 
 
+@pytest.mark.slow
 def test_a_stop_signal_during_the_workers_fork_is_not_lost():
     """SIGTERM that lands while fork() runs Python's at-fork hooks reaches the handler after the
     fork, in the caller's code (raised inside a hook it would be printed and dropped)."""
@@ -247,6 +248,7 @@ def test_a_tool_that_cannot_start_stops_the_run():
         tool.run_batch([{"x": "a"}])
 
 
+@pytest.mark.slow
 def test_the_worker_dies_with_its_parent(tmp_path):
     """kill -9 of the process that owns a sandboxed tool leaves no worker behind."""
     script = (

@@ -222,6 +222,7 @@ def test_a_plugin_registers_its_tool_and_a_bad_tool_fails_at_load(tmp_path):
         resolve(load_config(None, [f"plugins=[{bad}]"]))
 
 
+@pytest.mark.slow
 def test_the_cli_names_an_unknown_kind_and_exits_2():
     out = subprocess.run([sys.executable, "-m", "cli", "train", "-o", "env.kind=nope"],
                          capture_output=True, text=True, timeout=120)

@@ -44,6 +44,7 @@ def test_tracking_uri_defaults_to_sqlite_in_cwd(monkeypatch, tmp_path):
     assert tr.tracking_uri() == f"sqlite:///{tmp_path}/mlflow.db"
 
 
+@pytest.mark.slow
 def test_experiment_artifacts_sit_next_to_the_sqlite_db():
     exp = tr.client().get_experiment(tr.experiment_id(EXP))
     db_dir = tr.tracking_uri().removeprefix("sqlite:///").rsplit("/", 1)[0]

@@ -234,6 +234,7 @@ def test_dev_selection_adaptive_kl_and_lr_warm_up_resume_exactly(data_dir, tmp_p
     assert best_a["iteration"] in (0, 2, 4)
 
 
+@pytest.mark.slow
 def test_dev_evaluations_leave_the_training_as_it_was(data_dir, tmp_path):
     """Dev selection is on by default, so it must not change what PPO learns: its episodes have
     their own seeds, and the last policy is the same with or without the evaluations."""
