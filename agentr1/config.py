@@ -98,8 +98,9 @@ class SandboxConfig(_Section):
     disk_mb: int = Field(64, ge=0)
     """Bytes, in MiB, a worker may keep in its scratch directory (and the largest file)."""
     output_chars: int = Field(20_000, ge=100)
-    """Characters of one call's result as the worker sends it (the environment then cuts it to
-    ``env.max_doc_chars``)."""
+    """Characters of one call's result as the worker sends it, and as the model then reads it:
+    only the search tool cuts its documents further (``env.max_doc_chars`` each). A result longer
+    than the context has room for ends the episode ("context")."""
 
 
 class McpServerConfig(_Section):
@@ -315,6 +316,11 @@ class PPOConfig(_Section):
             raise ValueError(f"ppo.kl_in_reward: estimator {self.estimator!r} compares whole episodes' scores, "
                              "never the per-token rewards the KL would be folded into, so no KL would act; "
                              "keep it in the loss (ppo.kl_in_reward: false)")
+        if self.kl_in_reward and self.estimator == "gigpo":
+            raise ValueError("ppo.kl_in_reward: estimator 'gigpo' normalises step returns by their spread within "
+                             "each group of turns from one state, so the KL's size (ppo.kl_coef) would be lost and "
+                             "a KL difference of 1e-5 would weigh as much as one of 5; keep it in the loss "
+                             "(ppo.kl_in_reward: false)")
         if self.kl_target is not None and self.kl_coef == 0:
             raise ValueError("ppo.kl_target adapts ppo.kl_coef multiplicatively: it needs ppo.kl_coef > 0")
         return self

@@ -107,6 +107,38 @@ def test_gradient_accumulation_splits_a_minibatch_and_steps_once(case):
     assert any(not torch.equal(whole["params"][k], v) for k, v in params_of(tiny_policy(seed=0)).items())
 
 
+@pytest.mark.parametrize("loss_mask,advantage_mask", [(True, False), (False, True)])
+def test_the_critic_learns_where_the_advantages_read_it(loss_mask, advantage_mask):
+    """The value loss covers the advantage positions, not the loss mask's: with the advantage mask
+    off, GAE reads values at tool-response tokens, which the critic must then learn (they were
+    never trained); with it on, the zero returns at tool tokens are not targets. Advantages are
+    whitened over the tokens that learn from them."""
+    from agentr1.config import load_config
+    from agentr1.rl.core import masked_mean, masked_var, value_loss
+    from agentr1.rl.ppo import STEP_METRICS, minibatch_loss, score_batch
+    from agentr1.trainer import ppo_hyper
+
+    hp = ppo_hyper(load_config(None, [*COMMON, *CASES["gae"], f"ppo.loss_mask={str(loss_mask).lower()}",
+                                      f"ppo.advantage_mask={str(advantage_mask).lower()}"]))
+    model, ref = tiny_policy(seed=0).eval(), tiny_policy(seed=1).eval()
+    batch = fixed_batch(len(tiny_tokenizer()))
+    with torch.no_grad():
+        scored, _ = score_batch(model, ref, batch, hp)
+        losses = batch.action_mask if loss_mask else batch.response_mask
+        _, values = minibatch_loss(model, batch, scored, hp, list(range(len(batch))), batch.input_ids.shape[1], losses)
+    critic = batch.action_mask if advantage_mask else batch.response_mask
+    tool_tokens = batch.response_mask - batch.action_mask
+    # eval mode, same weights: the values are the old values, the loss 0.5 * mean (V - R)^2 over `critic`
+    expected, _ = value_loss(scored.old_values, scored.old_values, scored.returns, critic, hp.vf_clip)
+    wrong, _ = value_loss(scored.old_values, scored.old_values, scored.returns, losses, hp.vf_clip)
+    assert dict(zip(STEP_METRICS, values))["critic/vf_loss"] == pytest.approx(float(expected), rel=1e-5)
+    assert float(wrong) != pytest.approx(float(expected), rel=1e-3)
+    learners = critic * losses
+    assert float(masked_mean(scored.advantages, learners)) == pytest.approx(0.0, abs=1e-5)
+    assert float(masked_var(scored.advantages, learners)) == pytest.approx(1.0, abs=1e-3)
+    assert float((scored.advantages * tool_tokens).abs().sum()) == 0.0
+
+
 def params_of(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 

@@ -155,6 +155,8 @@ def test_config_errors_name_the_key(tmp_path):
     for estimator in ("grpo", "rloo"):
         with pytest.raises(ConfigError, match="ppo.kl_in_reward: estimator .* no KL would act"):
             load_config("conf/train.yaml", [f"ppo.estimator={estimator}", "ppo.group_size=4", "ppo.kl_in_reward=true"])
+    with pytest.raises(ConfigError, match="ppo.kl_in_reward: estimator 'gigpo' normalises"):
+        load_config("conf/train.yaml", ["ppo.estimator=gigpo", "ppo.group_size=4", "ppo.kl_in_reward=true"])
     assert load_config("conf/train.yaml", ["ppo.kl_in_reward=true"]).ppo.kl_in_reward  # gae folds it per token
     with pytest.raises(ConfigError, match="eval.sampled_temperature"):
         load_config("conf/train.yaml", ["eval.sampled_temperature=0"])

@@ -434,15 +434,17 @@ def rloo_advantages(scores: torch.Tensor, group_ids: torch.Tensor, mask: torch.T
 
 
 @torch.no_grad()
-def reinforce_pp_advantages(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """REINFORCE++: discounted return-to-go over masked-in positions, whitened over the batch.
+def reinforce_pp_advantages(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float,
+                            whiten_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """REINFORCE++: discounted return-to-go over masked-in positions, whitened over the batch
+    (over ``whiten_mask``, the tokens that learn from them, when it is given; 0 outside it).
 
     Same skipping rule as ``compute_gae`` (it is GAE with V = 0 and lam = 1): environment
     tokens are absent, rewards on them are ignored. (B, T), (B, T) -> (B, T), 0 off the mask.
     """
     no_critic = torch.zeros(token_rewards.shape, dtype=torch.float32, device=token_rewards.device)
     returns_to_go, _ = compute_gae(token_rewards, no_critic, mask, gamma, lam=1.0)
-    return masked_whiten(returns_to_go, mask)
+    return masked_whiten(returns_to_go, mask if whiten_mask is None else whiten_mask)
 
 
 # --------------------------------------------------------------------------- losses

@@ -130,6 +130,12 @@ def _parallel(accelerator) -> bool:
     return accelerator is not None and accelerator.num_processes > 1
 
 
+def advantage_positions(batch: RolloutBatch, hp: PPOHyper) -> torch.Tensor:
+    """Where advantages and returns are computed (B, T): the action tokens under the advantage
+    mask, else every response token (tool responses included, as plain GAE would)."""
+    return batch.action_mask if hp.advantage_mask else batch.response_mask
+
+
 @torch.no_grad()
 def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper,
                 accelerator=None) -> tuple[Scored, dict[str, float]]:
@@ -152,7 +158,7 @@ def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper,
     if _parallel(accelerator):
         old_logp, old_values, ref_logp = (gather_rows(accelerator, x, len(batch))
                                           for x in (old_logp, old_values, ref_logp))
-    adv_mask = batch.action_mask if hp.advantage_mask else batch.response_mask
+    adv_mask = advantage_positions(batch, hp)
     token_rewards = batch.process_rewards + batch.outcome_rewards
     kl = kl_penalty(old_logp, ref_logp, hp.kl_kind, hp.kl_clamp)
     if hp.kl_in_reward:
@@ -160,8 +166,8 @@ def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper,
     returns = None
     if hp.estimator == "gae":
         adv, returns = compute_gae(token_rewards, old_values, adv_mask, hp.gamma, hp.lam)
-        if hp.whiten_advantages:
-            adv = masked_whiten(adv, adv_mask)
+        if hp.whiten_advantages:  # over the tokens that learn from them (verl: the response mask)
+            adv = masked_whiten(adv, adv_mask * loss_mask)
     elif hp.estimator == "step_gae":
         adv, returns = compute_step_gae(token_rewards, old_values, adv_mask, hp.gamma, hp.lam, hp.whiten_advantages)
     elif hp.estimator == "grpo":
@@ -172,7 +178,7 @@ def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper,
     elif hp.estimator == "rloo":
         adv = rloo_advantages(batch.scores, batch.group_ids, adv_mask)
     elif hp.estimator == "reinforce_pp":
-        adv = reinforce_pp_advantages(token_rewards, adv_mask, hp.gamma)
+        adv = reinforce_pp_advantages(token_rewards, adv_mask, hp.gamma, whiten_mask=adv_mask * loss_mask)
     else:
         raise ValueError(f"unknown estimator {hp.estimator!r}")
     if returns is None:  # critic-free estimators: the value head is not trained
@@ -215,7 +221,10 @@ def minibatch_loss(net, batch: RolloutBatch, scored: Scored, hp: PPOHyper, rows:
         loss = loss + hp.kl_coef * kl
     vf_m: dict[str, float] = {}
     if hp.estimator in CRITIC_ESTIMATORS:  # critic-free estimators leave the value head alone
-        vf, vf_m = value_loss(values, cut(scored.old_values), cut(scored.returns), mask, hp.vf_clip, per_trajectory)
+        # The critic learns wherever the estimator reads it, which is where the returns are: the
+        # advantage positions (with the advantage mask off, GAE reads values at tool tokens too).
+        vf, vf_m = value_loss(values, cut(scored.old_values), cut(scored.returns), cut(advantage_positions(batch, hp)),
+                              hp.vf_clip, per_trajectory)
         loss = loss + hp.vf_coef * vf
     return loss, [pg_m["pg_loss"], pg_m["pg_clipfrac"], pg_m["ppo_kl"], float(kl.detach()),
                   float(entropy.detach()), vf_m.get("vf_loss", 0.0), vf_m.get("vf_clipfrac", 0.0)]
