@@ -90,6 +90,40 @@ def test_episode_ends_when_context_is_full_and_keeps_its_outcome_on_last_action(
             assert batch.action_mask[b, last - 1] == 1
 
 
+class RecordingBackend:
+    """The hf backend, noting each call's prompt lengths and token caps."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def sync_weights(self, model):  # pragma: no cover - nothing to sync
+        self.inner.sync_weights(model)
+
+    def session(self):
+        return self.inner.session()
+
+    def generate(self, prompts, spec, seeds):
+        self.calls.append(([len(p) for p in prompts], spec.limits(len(prompts))))
+        return self.inner.generate(prompts, spec, seeds)
+
+
+def test_an_episode_near_its_context_end_does_not_cut_the_others_turns(world):
+    """Each episode samples up to max_turn_tokens or its own room: one long episode once cut
+    every episode of the batch to its few tokens of room (bad calls for the others)."""
+    import dataclasses
+
+    short, long_ = world["splits"]["test"][:2]
+    long_ = dataclasses.replace(long_, question=long_.question + " again" * 60)
+    n_short, n_long = (len(world["chat"].prompt_ids(None, world["env"].user_prompt(r))) for r in (short, long_))
+    backend = RecordingBackend(HFBackend(world["model"].policy, world["chat"].pad_token_id))
+    trajs = make_engine(world, backend=backend, max_turn_tokens=12, max_context=n_long + 9).run([short, long_], seed=0)
+    assert backend.calls[0] == ([n_short, n_long], [12, 9])  # one call, each episode its own cap
+    assert trajs[1].turn_ends[0] - trajs[1].prompt_len + 1 <= 9 and trajs[1].finish == "context"
+    alone = make_engine(world, max_turn_tokens=12, max_context=n_long + 9).run([short], seed=0)[0]
+    assert trajs[0].token_ids[: trajs[0].turn_ends[0] + 1] == alone.token_ids[: alone.turn_ends[0] + 1]
+    assert trajs[0].turn_ends[0] - trajs[0].prompt_len + 1 > 9  # it was not cut to the long one's room
+
+
 class ScriptedBackend:
     """Emits the oracle's turns as token ids (what a perfect policy would sample); it sees
     only the prompt ids, like a real backend, and keeps each episode's chat on the side."""

@@ -37,6 +37,18 @@ class SamplingSpec:
     stop_token_ids: tuple[int, ...]
     temperature: float = 1.0
     top_p: float = 1.0
+    row_limits: tuple[int, ...] | None = None
+    """Per prompt, its own cap (at most ``max_new_tokens``): the room an episode near the end of
+    its context has left, so that it never cuts its batch-mates' turns. None: ``max_new_tokens``
+    for every prompt."""
+
+    def limits(self, n: int) -> list[int]:
+        """The token cap of each of ``n`` prompts."""
+        if self.row_limits is None:
+            return [self.max_new_tokens] * n
+        if len(self.row_limits) != n:
+            raise ValueError(f"got {len(self.row_limits)} row limits for {n} prompts")
+        return [min(k, self.max_new_tokens) for k in self.row_limits]
 
 
 @dataclass
@@ -281,6 +293,7 @@ class HFBackend:
         noise = None if spec.temperature == 0 else _GumbelStream(
             [torch.Generator().manual_seed(int(s)) for s in seeds], spec.max_new_tokens)
         stops = set(spec.stop_token_ids)
+        limits = spec.limits(B)
 
         out_ids: list[list[int]] = [[] for _ in range(B)]
         out_lp: list[list[float]] = [[] for _ in range(B)]
@@ -298,7 +311,7 @@ class HFBackend:
             for i in live:
                 out_ids[i].append(ids_l[i])
                 out_lp[i].append(logp_l[i])
-            fed_now, live = live, [i for i in live if ids_l[i] not in stops]
+            fed_now, live = live, [i for i in live if ids_l[i] not in stops and len(out_ids[i]) < limits[i]]
             if not live or step == spec.max_new_tokens - 1:
                 break
             # Rows that stopped earlier decode a pad whose KV is masked out; a row that stopped

@@ -81,9 +81,10 @@ class RolloutEngine:
             active = self._finalize_full(active, trajs, states)
             if not active:
                 break
-            room = min(s.max_context_tokens - len(trajs[i].token_ids) for i in active)
-            spec = SamplingSpec(min(s.max_turn_tokens, room), tuple(self.chat.stop_token_ids),
-                                temp, s.top_p)
+            # Each episode samples up to max_turn_tokens or the room its own context has left.
+            limits = [min(s.max_turn_tokens, s.max_context_tokens - len(trajs[i].token_ids)) for i in active]
+            spec = SamplingSpec(max(limits), tuple(self.chat.stop_token_ids), temp, s.top_p,
+                                None if len(set(limits)) == 1 else tuple(limits))
             started = time.perf_counter()
             gens = self.backend.generate([trajs[i].token_ids for i in active], spec,
                                          [episode_seed(seed, i, turn) for i in active])

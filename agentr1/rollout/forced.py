@@ -41,7 +41,9 @@ class NaiveRAGBackend:
                 out[i] = Generation(list(forced), [0.0] * len(forced), "stop")
         if rest:
             n = len(self.answer_prefix)
-            answer_spec = dataclasses.replace(spec, max_new_tokens=max(1, spec.max_new_tokens - n))
+            limits = spec.limits(len(prompts))
+            answer_spec = dataclasses.replace(spec, max_new_tokens=max(1, spec.max_new_tokens - n),
+                                              row_limits=tuple(max(1, limits[i] - n) for i in rest))
             gens = self.inner.generate([prompts[i] + self.answer_prefix for i in rest], answer_spec,
                                        [seeds[i] for i in rest])
             for i, g in zip(rest, gens):

@@ -178,10 +178,10 @@ class VLLMBackend:
         if self._engine.holder != self._token:
             self.sync_weights(self.policy)
         params = [SamplingParams(
-            n=1, temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_new_tokens,
+            n=1, temperature=spec.temperature, top_p=spec.top_p, max_tokens=limit,
             stop_token_ids=list(spec.stop_token_ids), ignore_eos=True, seed=int(s), logprobs=0,
             detokenize=False,
-        ) for s in seeds]
+        ) for s, limit in zip(seeds, spec.limits(len(prompts)))]
         # The CPU sampler draws a throw-away seed per row from the global torch RNG each step.
         with preserved_rng():
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
