@@ -24,10 +24,14 @@ Three things depend on the vocabulary and template, and are decided here once:
 * **Environment text is data.** An observation's body (a tool result, a document) is encoded
   with special-token parsing off (``split_special_tokens``): a document that contains
   ``<|im_end|>`` or ``<answer>`` gives the pieces of that text, never the control token, so
-  nothing a tool returns can end a turn, open a new one or fake an answer.
+  nothing a tool returns can end a turn, open a new one or fake an answer. Markup tokens a
+  vocabulary adds without the special flag (Qwen2.5's ``<tool_call>``, ``</tool_response>``),
+  which that switch leaves whole, are cut into their characters.
 """
 
 from __future__ import annotations
+
+import re
 
 from transformers import PreTrainedTokenizerBase
 
@@ -111,11 +115,37 @@ class ChatFormat:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _encode_data(self, texts: list[str]) -> list[list[int]]:
-        """Environment text as plain text: special-token strings inside it stay ordinary pieces."""
+        """Environment text as plain text: special-token strings inside it stay ordinary pieces,
+        and so do added tokens that are not marked special (Qwen2.5's ``<tool_call>``,
+        ``</tool_response>``), which ``split_special_tokens`` leaves whole."""
         if not texts:
             return []
-        enc = self.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        return [list(x) for x in enc]
+        enc = [list(x) for x in self.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]]
+        added = self._plain_added_tokens()
+        if added is not None:
+            for k, text in enumerate(texts):
+                if added.search(text):
+                    enc[k] = self._encode_pieces(added.split(text))
+        return enc
+
+    def _plain_added_tokens(self) -> re.Pattern | None:
+        """A pattern matching the markup tokens (``<...>``) added without the special flag (None:
+        there are none). A from-scratch vocabulary's phrases (tool-call JSON) are not markup."""
+        if not hasattr(self, "_plain_added"):
+            special = set(self.tokenizer.all_special_tokens)
+            plain = sorted((t for t in self.tokenizer.get_added_vocab()
+                            if len(t) > 1 and t[0] == "<" and t[-1] == ">" and t not in special), key=len, reverse=True)
+            self._plain_added = re.compile("(" + "|".join(map(re.escape, plain)) + ")") if plain else None
+        return self._plain_added
+
+    def _encode_pieces(self, parts: list[str]) -> list[int]:
+        """``parts`` of ``re.split`` (odd ones are markup-token strings), each markup token
+        encoded character by character, so it can never become the token itself."""
+        pieces = [q for k, part in enumerate(parts) for q in (list(part) if k % 2 else [part]) if q]
+        ids: list[int] = []
+        for x in self.tokenizer(pieces, add_special_tokens=False, split_special_tokens=True)["input_ids"]:
+            ids.extend(x)
+        return ids
 
     def _head(self, system: str | None, user: str) -> list[dict]:
         if self.tools_in_system:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -70,6 +71,34 @@ def test_an_mcp_servers_tool_is_a_typed_tool_and_a_crash_costs_one_call(caplog):
     assert second.pid != first.pid
     tool.server.close()
     assert not second.is_running() or second.status() == psutil.STATUS_ZOMBIE
+
+
+def test_listed_schemas_become_what_the_parser_checks_or_one_clear_error():
+    """Optional[list[str]] (anyOf with items) keeps its item type and accepts null; a schema the
+    parser cannot read ($ref, a bare `true`) is refused when the server starts, naming the server,
+    tool and argument: it once made the tool silently uncallable, or raised on every call."""
+    from types import SimpleNamespace
+
+    from agentr1.env.mcp import tool_schema
+    from agentr1.env.protocol import argument_problem
+    from agentr1.env.tools import ToolDefinitionError
+
+    def listed(props):
+        return SimpleNamespace(name="t", description="T.", input_schema={"type": "object", "properties": props})
+
+    tags = {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}], "default": None,
+            "title": "Tags"}
+    params = tool_schema("srv", listed({"tags": tags}))["function"]["parameters"]
+    assert params["properties"]["tags"] == {"type": "array", "items": {"type": "string"}, "default": None,
+                                            "nullable": True}
+    assert argument_problem({"tags": ["a", "b"]}, params, 100) is None
+    assert argument_problem({"tags": None}, params, 100) is None
+    assert argument_problem({"tags": [1]}, params, 100) == "arguments.tags[0] must be a non-empty string"
+    nested = {"type": "object", "properties": {"p": {"oneOf": [{"type": "integer"}]}}}
+    for bad, word in (({"$ref": "#/$defs/Point"}, "its schema uses $ref"), (True, "its schema is True"),
+                      (nested, "its schema uses oneOf")):
+        with pytest.raises(ToolDefinitionError, match=f"env.mcp 'srv': tool 't', argument 'x': {re.escape(word)}"):
+            tool_schema("srv", listed({"x": bad}))
 
 
 def test_a_server_that_cannot_start_or_lacks_a_tool_is_one_clear_error():

@@ -240,3 +240,25 @@ def test_any_json_call_parses_to_encodable_fields(obj):
             value.encode("utf-8")
     if turn.kind == "invalid":
         _inert(turn.error)
+
+
+def test_objects_are_checked_inside_for_depth_and_non_finite_numbers():
+    """A free-form object argument is checked inside too: NaN/Infinity anywhere (JSON has none;
+    a serializer turned it into null) and nesting past MAX_ARGUMENT_DEPTH (the MCP SDK's
+    serializer fails near 255 levels, which once restarted the server) are bad calls."""
+    from agentr1.env.protocol import MAX_ARGUMENT_DEPTH, argument_problem
+
+    params = {"type": "object", "properties": {"o": {"type": "object"}, "n": {"type": "object", "properties": {
+        "k": {"type": "integer"}}}}}
+    assert argument_problem({"o": {"a": [1, {"b": "c"}]}, "n": {"k": 3, "extra": None}}, params, 100) is None
+    assert argument_problem({"o": {"a": [1, {"b": float("inf")}]}}, params, 100) == \
+        "arguments.o.a[1].b must be a finite number"
+    assert argument_problem({"n": {"k": "3"}}, params, 100) == "arguments.n.k must be an integer"
+    deep = leaf = {}
+    for _ in range(MAX_ARGUMENT_DEPTH + 5):
+        leaf["x"] = {}
+        leaf = leaf["x"]
+    assert "nested more than 32 levels deep" in argument_problem({"o": deep}, params, 100)
+    turn = '<tool_call>{"name": "t", "arguments": {"o": {"a": NaN}}}</tool_call>'
+    parsed = parse_any(turn, {"t": params})
+    assert parsed.kind != "tool_call" and "arguments.o.a must be a finite number" in parsed.error

@@ -70,6 +70,13 @@ def hostile(kind: str, target: str = "") -> str:
         os._exit(3)
     if kind == "segfault":
         ctypes.string_at(0)
+    if kind == "lift_memory":  # the hard limit is the soft one: this raises
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        return "lifted"
+    if kind in ("many_keys", "empty_keys"):
+        from agentr1.env.tools import ToolOutput
+        return ToolOutput("keys", tuple(["k" if kind == "many_keys" else ""] * 300_000))
     if kind == "huge_output":
         return "y" * 10_000_000
     if kind == "signal_parent":
@@ -117,6 +124,7 @@ def guarded(tmp_path):
     ("slow", "longer than 3 s"),
     ("exit", "exited"),
     ("segfault", "SIGSEGV"),
+    ("lift_memory", "ValueError"),  # setrlimit: not allowed to raise the hard limit
 ])
 def test_a_hostile_tool_is_a_bad_call_and_the_next_call_works(kind, message, guarded):
     data, run = guarded
@@ -145,6 +153,21 @@ def test_output_is_cut_and_writes_stay_in_scratch(guarded):
     assert scratch is not None and scratch.is_dir() and scratch.name.startswith("agentr1-tool-hostile-")
     tool.close()
     assert not scratch.exists()  # a worker's scratch directory goes with it
+
+
+@pytest.mark.parametrize("kind", ["many_keys", "empty_keys"])
+def test_a_flood_of_keys_is_cut_in_one_pass(kind):
+    """300,000 keys come back cut to MAX_KEYS_CHARS, within the CPU limit (the trim was quadratic),
+    and empty ones count too (they once passed uncounted and overflowed the answer's size bound)."""
+    from agentr1.env.sandbox import MAX_KEYS_CHARS
+
+    tool = SandboxedTool(Tool.from_callable(hostile), LIMITS)
+    try:
+        (output, failed), = tool.run_batch([{"kind": kind}])
+    finally:
+        tool.close()
+    assert not failed and output.text == "keys"
+    assert 0 < len(output.keys) and sum(len(k) + 1 for k in output.keys) <= MAX_KEYS_CHARS
 
 
 def test_the_parent_cannot_be_signalled_away(guarded):

@@ -80,7 +80,29 @@ def _clean_schema(schema: Any) -> Any:
     if isinstance(variants, list) and variants and all(isinstance(v, dict) and set(v) == {"type"} for v in variants):
         out.pop("anyOf")
         out["type"] = [v["type"] for v in variants]
+    elif isinstance(variants, list) and {"type": "null"} in variants:
+        typed = [v for v in variants if v != {"type": "null"}]
+        if len(typed) == 1 and isinstance(typed[0], dict):  # Optional[X] of a structured X
+            out.pop("anyOf")
+            out = {**typed[0], **out, "nullable": True}
     return out
+
+
+_UNCHECKED = ("$ref", "anyOf", "oneOf", "allOf", "not")
+
+
+def _schema_problem(schema: Any) -> str | None:
+    """Why the turn parser cannot check arguments against ``schema`` (one property's), or None."""
+    if not isinstance(schema, dict):
+        return f"its schema is {excerpt(repr(schema), 60)}, not a JSON object"
+    words = [k for k in _UNCHECKED if k in schema]
+    if words:
+        return f"its schema uses {words[0]}, which the turn parser does not read (give it plain JSON types)"
+    for inner in (schema.get("items"), *(schema.get("properties") or {}).values()):
+        problem = None if inner is None else _schema_problem(inner)
+        if problem:
+            return problem
+    return None
 
 
 def tool_schema(server: str, listed: Any) -> dict:
@@ -93,6 +115,11 @@ def tool_schema(server: str, listed: Any) -> dict:
     parameters.setdefault("type", "object")
     parameters.setdefault("properties", {})
     parameters["additionalProperties"] = False  # the parser refuses what the schema does not name
+    for field, spec in parameters["properties"].items():
+        problem = _schema_problem(spec)
+        if problem:  # the agent could never make a call the server takes
+            raise ToolDefinitionError(f"env.mcp {server!r}: tool {name!r}, argument {excerpt(str(field), 60)!r}: "
+                                      f"{problem}; leave the tool out with the server's `tools:` list")
     description = (listed.description or name).strip()
     return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
 
@@ -196,9 +223,11 @@ class _Connection:
                 why = f"took longer than {wall_s:g} s"
             elif isinstance(result, MCPError) and code != CONNECTION_CLOSED:
                 why = excerpt(result.error.message, 120)  # the server refused the call: its words
-            else:
+            elif isinstance(result, MCPError):
                 self.broken = True
                 why = "its MCP server stopped answering"
+            else:  # failed on this side (arguments that would not serialise...): the ping below decides
+                why = f"the call could not be made ({type(result).__name__})"
             out.append((ToolOutput(f"Error: tool '{name}' failed: {why}"), True))
         if not self.broken and any(isinstance(r, BaseException) for r in results):  # a timeout: still there?
             self.broken = not await self._alive()
@@ -336,7 +365,10 @@ def mcp_tools(cfg: Any, cwd: Path | None = None) -> list[Tool]:
             server.close()
             raise McpError(f"env.mcp {spec.name!r}: the server lists no tool {missing[0]!r}; it lists "
                            f"{', '.join(listed) or 'none'}")
-        for name in wanted:
-            tools.append(McpTool(name, tool_schema(spec.name, listed[name]), partial(_call_one, server, name),
-                                 server=server))
+        try:
+            schemas = {name: tool_schema(spec.name, listed[name]) for name in wanted}
+        except ToolDefinitionError:
+            server.close()
+            raise
+        tools += [McpTool(name, schemas[name], partial(_call_one, server, name), server=server) for name in wanted]
     return tools

@@ -245,7 +245,12 @@ _TYPE_WORDS = {"string": "a non-empty string", "integer": "an integer", "number"
                "boolean": "true or false", "array": "an array", "object": "an object", "null": "null"}
 
 
-def _value_problem(value: Any, schema: dict, where: str, max_chars: int) -> str | None:
+MAX_ARGUMENT_DEPTH = 32
+"""Nesting an argument may have: deeper JSON is refused as a bad call (a serializer such as the
+MCP SDK's pydantic fails near 255 levels, which would look like a dead server)."""
+
+
+def _value_problem(value: Any, schema: dict, where: str, max_chars: int, depth: int = 0) -> str | None:
     types = schema.get("type", "string")
     types = [types] if isinstance(types, str) else list(types)
     if schema.get("nullable"):
@@ -267,9 +272,33 @@ def _value_problem(value: Any, schema: dict, where: str, max_chars: int) -> str 
         if len(value) > max_chars:
             return f"{where} has more than {max_chars} items"
         for i, item in enumerate(value):
-            problem = _value_problem(item, schema.get("items", {}), f"{where}[{i}]", max_chars)
+            problem = _value_problem(item, schema.get("items", {}), f"{where}[{i}]", max_chars, depth + 1)
             if problem:
                 return problem
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        for key, item in value.items():
+            inner = f"{where}.{excerpt(str(key))}"
+            problem = (_value_problem(item, props[key], inner, max_chars, depth + 1) if key in props
+                       else _json_problem(item, inner, depth + 1))
+            if problem:
+                return problem
+    return None
+
+
+def _json_problem(value: Any, where: str, depth: int) -> str | None:
+    """What no tool can take inside a free-form object: a non-finite number (JSON has none), or
+    nesting deeper than :data:`MAX_ARGUMENT_DEPTH`."""
+    if depth > MAX_ARGUMENT_DEPTH:
+        return f"{where} is nested more than {MAX_ARGUMENT_DEPTH} levels deep"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where} must be a finite number"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        problem = _json_problem(item, f"{where}.{excerpt(str(key))}" if isinstance(value, dict) else f"{where}[{key}]",
+                                depth + 1)
+        if problem:
+            return problem
     return None
 
 

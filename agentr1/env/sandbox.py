@@ -204,7 +204,8 @@ def _confine(limits: SandboxLimits, scratch: Path, keep_fd: int) -> list[str]:
     mb = 1 << 20
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.disk_mb * mb, limits.disk_mb * mb))
-    resource.setrlimit(resource.RLIMIT_AS, (_vm_bytes() + limits.memory_mb * mb, resource.RLIM_INFINITY))
+    memory = _vm_bytes() + limits.memory_mb * mb
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))  # hard too: the tool cannot lift it
     missing = []
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         missing.append("no_new_privs refused")
@@ -253,14 +254,23 @@ def _serve(conn, tool: Tool, make: Callable[[], Any] | None, limits: SandboxLimi
         answer = []
         for output, failed in results:
             text = output.text[: limits.output_chars]
-            keys = list(output.keys)
-            while keys and sum(len(k) for k in keys) > MAX_KEYS_CHARS:
-                keys.pop()
-            answer.append([text, keys, failed])
+            answer.append([text, _kept_keys(output.keys), failed])
         if _dir_bytes(scratch) > limits.disk_mb << 20:
             conn.send_bytes(json.dumps({"error": f"it wrote more than {limits.disk_mb} MiB"}).encode())
             return
         conn.send_bytes(json.dumps({"results": answer}).encode())
+
+
+def _kept_keys(keys) -> list[str]:
+    """The leading keys within MAX_KEYS_CHARS, each counted one character more than its length
+    (an empty key still costs bytes on the pipe): one pass, whatever their number."""
+    kept, total = [], 0
+    for key in keys:
+        total += len(key) + 1
+        if total > MAX_KEYS_CHARS:
+            break
+        kept.append(key)
+    return kept
 
 
 def _bounded(fn: Callable, limits: SandboxLimits) -> Callable:
