@@ -19,7 +19,7 @@ RESULTS = ROOT / "docs" / "results"
 EXPORTS = sorted(RESULTS.glob(f"*{EXPORT_SUFFIX}"))
 # Studies whose runs predate the exports (issue 31): their MLflow store stayed on the machine that
 # ran them, and the table is regenerated when the study is re-run from a clean tree.
-AWAITING_EXPORT = {"ablation-default": "66 runs, ~1.5 h: `agentr1 ablate --preset default` x 3 warm-ups"}
+AWAITING_EXPORT: dict[str, str] = {}  # study -> why its table has no export yet (every table has one now)
 
 
 def _including(study: str) -> list[Path]:
