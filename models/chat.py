@@ -37,6 +37,16 @@ from transformers import PreTrainedTokenizerBase
 
 from models.tokenizer import single_token_ids
 
+def _plain_markup_pattern(tokenizer: PreTrainedTokenizerBase) -> re.Pattern | None:
+    """A pattern matching the markup tokens (``<...>``) the vocabulary added without the special
+    flag, as a capturing group (None: there are none). A from-scratch vocabulary's phrases
+    (tool-call JSON) are not markup."""
+    special = set(tokenizer.all_special_tokens)
+    plain = sorted((t for t in tokenizer.get_added_vocab() if len(t) > 1 and t[0] == "<" and t[-1] == ">"
+                    and t not in special), key=len, reverse=True)
+    return re.compile("(" + "|".join(map(re.escape, plain)) + ")") if plain else None
+
+
 # Placeholders for the string diffs; plain text that no template rewrites.
 _TURN_SENTINEL = "TURNSENTINEL"
 _BODY_SENTINEL = "BODYSENTINEL"
@@ -97,6 +107,7 @@ class ChatFormat:
         # Chat-end and padding tokens a sampled turn may hold; they carry no meaning for the action.
         self._markers = tuple(dict.fromkeys(m for m in (self._end_of_turn, tokenizer.eos_token, tokenizer.pad_token,
                                                          tokenizer.unk_token) if m))
+        self._plain_markup = _plain_markup_pattern(tokenizer)
 
     # -- rendering ---------------------------------------------------------------------------
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
@@ -121,22 +132,11 @@ class ChatFormat:
         if not texts:
             return []
         enc = [list(x) for x in self.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]]
-        added = self._plain_added_tokens()
-        if added is not None:
+        if self._plain_markup is not None:
             for k, text in enumerate(texts):
-                if added.search(text):
-                    enc[k] = self._encode_pieces(added.split(text))
+                if self._plain_markup.search(text):
+                    enc[k] = self._encode_pieces(self._plain_markup.split(text))
         return enc
-
-    def _plain_added_tokens(self) -> re.Pattern | None:
-        """A pattern matching the markup tokens (``<...>``) added without the special flag (None:
-        there are none). A from-scratch vocabulary's phrases (tool-call JSON) are not markup."""
-        if not hasattr(self, "_plain_added"):
-            special = set(self.tokenizer.all_special_tokens)
-            plain = sorted((t for t in self.tokenizer.get_added_vocab()
-                            if len(t) > 1 and t[0] == "<" and t[-1] == ">" and t not in special), key=len, reverse=True)
-            self._plain_added = re.compile("(" + "|".join(map(re.escape, plain)) + ")") if plain else None
-        return self._plain_added
 
     def _encode_pieces(self, parts: list[str]) -> list[int]:
         """``parts`` of ``re.split`` (odd ones are markup-token strings), each markup token

@@ -64,8 +64,9 @@ def demo_returns(target_mask: torch.Tensor, demos: list[Trajectory]) -> torch.Te
     """Returns-to-go (gamma 1) of encoded demonstrations padded by ``pad_episodes`` (its target
     mask, (B, L-1)), computed as PPO computes them at ``ppo.gamma`` 1 (every preset's; another
     gamma still fits gamma-1 returns): each turn's process reward on its last action token
-    (``turn_ends``), the outcome on the episode's last one, then GAE with V = 0 and lam = 1. A token of turn k gets the process rewards of turns k.. plus the outcome;
-    environment tokens get 0. Column j - 1 is token j."""
+    (``turn_ends``), the outcome on the episode's last one, then GAE with V = 0 and lam = 1. A
+    token of turn k gets the process rewards of turns k.. plus the outcome; environment tokens
+    get 0. Column j - 1 is token j."""
     positions = [[end - 1 for end in t.turn_ends] for t in demos]
     rewards = place_at([t.process_rewards for t in demos], positions, tuple(target_mask.shape), target_mask.device)
     rewards += place_outcome(torch.tensor([t.outcome_reward for t in demos], dtype=torch.float32,
