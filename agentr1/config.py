@@ -237,11 +237,11 @@ KLKind = Literal["k1", "k2", "k3"]
 
 class PPOConfig(_Section):
     iterations: int = Field(60, ge=0)
-    episodes_per_iter: int = Field(32, ge=1)
+    episodes_per_iter: int = Field(64, ge=1)
     group_size: int = Field(1, ge=1)
     """Samples per question; GRPO/RLOO need more than one."""
     epochs: int = Field(2, ge=1)
-    minibatch_size: int = Field(8, ge=1)
+    minibatch_size: int = Field(16, ge=1)
     grad_accum: int = Field(1, ge=1)
     """Micro-batches each minibatch is cut into, forwarded and backpropagated one at a time (less
     memory); their gradients add up to the minibatch's and the optimizer steps once per minibatch."""
