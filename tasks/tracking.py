@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import platform
 import re
 import shutil
 import signal
@@ -111,6 +112,8 @@ TAG_SUITE_PRESET = "suite.preset"  # a suite flow's parent run: the preset it ra
 TAG_SUITE_TASK = "agentr1.suite.task"  # a task's ablation parent run, nested under its suite's run
 TAG_WARMUP_DIGEST = "agentr1.warmup_digest"  # sha256 of the warm-up weights a run started from
 TAG_GIT_DIRTY = "agentr1.git_dirty"  # "true": tracked files differed from the commit when the run started
+TAG_CPU = "agentr1.cpu"  # the CPU model: float kernels differ by CPU, so the same commit, config and threads give
+# other weights on another machine (docs/design.md, Determinism): two runs are comparable bit for bit only on one
 CODE_DIR = Path(__file__).resolve().parent  # the commit a run records is the code's, wherever it was started
 
 LOCK_SUFFIX = ".lock"
@@ -429,7 +432,20 @@ def _process_started(pid: int) -> str | None:
 
 def _owner_tags() -> dict[str, Any]:
     pid = os.getpid()
-    return {TAG_PID: pid, TAG_HOST: socket.gethostname(), TAG_PROCESS_STARTED: _process_started(pid)}
+    return {TAG_PID: pid, TAG_HOST: socket.gethostname(), TAG_PROCESS_STARTED: _process_started(pid),
+            TAG_CPU: cpu_model()}
+
+
+def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The CPU's model name (Linux: ``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        for line in Path(cpuinfo).read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def _process_alive(pid: int, started: str | None) -> bool:

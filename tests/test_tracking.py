@@ -159,6 +159,15 @@ def test_runs_record_the_process_that_owns_them():
         tags = _run(run_id).data.tags
     assert tags[tr.TAG_PID] == str(os.getpid()) and tags[tr.TAG_HOST] == socket.gethostname()
     assert float(tags[tr.TAG_PROCESS_STARTED]) <= time.time()
+    assert tags[tr.TAG_CPU] == tr.cpu_model() and tags[tr.TAG_CPU] != "unknown"
+
+
+def test_cpu_model_reads_cpuinfo_and_falls_back(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n")
+    assert tr.cpu_model(info) == "AMD EPYC 7B13"
+    info.write_text("processor\t: 0\nmodel name\t:\n")  # no name given: platform's answer, never empty
+    assert tr.cpu_model(info) and tr.cpu_model(tmp_path / "missing")
 
 
 def test_the_sweep_ends_only_runs_whose_process_on_this_host_is_gone():
