@@ -341,7 +341,7 @@ def start_run(
     end_orphaned_runs(experiment)
     dirty = git_dirty(CODE_DIR)
     run_tags = _tags({MLFLOW_USER: _user(), MLFLOW_GIT_COMMIT: git_commit(CODE_DIR),
-                      TAG_GIT_DIRTY: None if dirty is None else str(dirty).lower(), **(tags or {}),
+                      TAG_GIT_DIRTY: None if dirty is None else str(dirty).lower(), TAG_CPU: cpu_model(), **(tags or {}),
                       **_owner_tags(), MLFLOW_PARENT_RUN_ID: parent_run_id})
     run_id = c.create_run(exp_id, tags=run_tags, run_name=run_name).info.run_id
     monitor = system_metrics(run_id, system_metrics_interval) if system_metrics_interval else None
@@ -432,20 +432,15 @@ def _process_started(pid: int) -> str | None:
 
 def _owner_tags() -> dict[str, Any]:
     pid = os.getpid()
-    return {TAG_PID: pid, TAG_HOST: socket.gethostname(), TAG_PROCESS_STARTED: _process_started(pid),
-            TAG_CPU: cpu_model()}
+    return {TAG_PID: pid, TAG_HOST: socket.gethostname(), TAG_PROCESS_STARTED: _process_started(pid)}
 
 
-def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
-    """The CPU's model name (Linux: ``/proc/cpuinfo``), else what ``platform`` knows."""
-    try:
-        for line in Path(cpuinfo).read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and value.strip():
-                return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
+@functools.cache
+def cpu_model() -> str:
+    """This machine's CPU model (Linux: ``/proc/cpuinfo``), else what ``platform`` knows; read once."""
+    from agentr1.rl.distributed import cpuinfo_field
+
+    return cpuinfo_field("model name") or platform.processor() or platform.machine() or "unknown"
 
 
 def _process_alive(pid: int, started: str | None) -> bool:

@@ -162,12 +162,16 @@ def test_runs_record_the_process_that_owns_them():
     assert tags[tr.TAG_CPU] == tr.cpu_model() and tags[tr.TAG_CPU] != "unknown"
 
 
-def test_cpu_model_reads_cpuinfo_and_falls_back(tmp_path):
+def test_cpuinfo_fields_are_read_by_name(tmp_path):
+    from agentr1.rl.distributed import cpuinfo_field
+
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n")
-    assert tr.cpu_model(info) == "AMD EPYC 7B13"
-    info.write_text("processor\t: 0\nmodel name\t:\n")  # no name given: platform's answer, never empty
-    assert tr.cpu_model(info) and tr.cpu_model(tmp_path / "missing")
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n"
+                    "flags\t\t: fpu avx2 avx512f\nmodel name\t: another\n")
+    assert cpuinfo_field("model name", info) == "AMD EPYC 7B13"  # the first core's
+    assert cpuinfo_field("flags", info).split() == ["fpu", "avx2", "avx512f"]
+    assert cpuinfo_field("model", info) is None  # a name, not a prefix
+    assert cpuinfo_field("flags", tmp_path / "missing") is None
 
 
 def test_the_sweep_ends_only_runs_whose_process_on_this_host_is_gone():

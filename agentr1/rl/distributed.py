@@ -96,12 +96,21 @@ def native_bf16(device: torch.device) -> bool:
     AMD EPYC without AVX-512 took minutes for what fp32 does in seconds)."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
+    return bool({"amx_bf16", "avx512_bf16"} & set((cpuinfo_field("flags") or "").split()))
+
+
+def cpuinfo_field(name: str, cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str | None:
+    """The first value of ``name`` in ``/proc/cpuinfo`` (``flags``, ``model name``), stripped;
+    None where the file or the field is not there (not Linux)."""
     try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+        with open(cpuinfo, errors="replace") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if sep and key.strip() == name:
+                    return value.strip()
     except OSError:
-        return False
-    return bool({"amx_bf16", "avx512_bf16"} & set(flags))
+        pass
+    return None
 
 
 def training_precision(setting: str, device: torch.device) -> str:
