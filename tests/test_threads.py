@@ -57,3 +57,14 @@ def test_importing_agentr1_sets_the_policy_before_torch_loads():
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", threads.CHOICE_ENV)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() in ("passive", "default")
+
+
+@pytest.mark.parametrize("given, expected", [(None, "cpu"), ("cuda", "cuda")])
+def test_importing_agentr1_keeps_jax_off_the_gpu_unless_the_user_says(given, expected):
+    # bm25s runs JAX at import where JAX is installed; on a GPU JAX would take 75% of its memory.
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    if given:
+        env["JAX_PLATFORMS"] = given
+    code = "import os, agentr1; print(os.environ['JAX_PLATFORMS'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == expected

@@ -123,7 +123,8 @@ def _sample(logits: torch.Tensor, spec: SamplingSpec, gumbel: torch.Tensor | Non
     scaled = logits / spec.temperature
     logp_all = torch.log_softmax(scaled, dim=-1)
     filtered = _top_p_filter(scaled, spec.top_p) if spec.top_p < 1.0 else scaled
-    ids = (filtered + gumbel).argmax(dim=-1)
+    # The noise comes from per-row CPU generators (the same samples on any device): moved to the logits'.
+    ids = (filtered + gumbel.to(logits.device, non_blocking=True)).argmax(dim=-1)
     return ids, logp_all.gather(-1, ids[:, None]).squeeze(-1)
 
 
