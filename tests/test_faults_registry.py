@@ -318,8 +318,11 @@ def test_a_diverged_run_registers_nothing_and_a_sound_one_does(fresh_store, poli
 
 # ----------------------------------------------------------------------------- interrupted runs
 
+# SIGINT as a terminal's Ctrl-C finds it: a test suite started as a background job of a
+# non-interactive shell (`cmd &` in a script) hands its children SIGINT ignored, which Python keeps.
 SLEEPER = """
-    import sys, time
+    import signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from tasks import tracking
     with tracking.start_run("agentr1-test-faults", "sleeper") as run_id:
         print(run_id, flush=True)
