@@ -3,7 +3,8 @@
 Measures, in one process and one run:
 
 - the **peaks**: GFLOP/s of a square fp32 and bf16 matmul (``torch.mm``, ``--n`` wide), the
-  baseline every other number is read against;
+  baseline every other number is read against, and the same at the model's own MLP shape (a
+  minibatch's tokens through the up projection): the ceiling this model's steps can be read against;
 - the **warm-up steps** as the trainer takes them: a corpus step (next-token loss on every token
   of packed 128-token rows) and a demonstration step (loss on action tokens only, logits
   computed there alone), forward + backward + optimizer step;
@@ -14,6 +15,8 @@ each in fp32 and under bf16 autocast (``ppo.mixed_precision``), on the config's 
 default run's (``conf/train.yaml``, built fresh: FLOPs do not depend on the weights) or a
 pretrained preset's (``--config conf/smollm2.yaml``: SmolLM2-135M-Instruct after ``make model``,
 its ``model.trainable_layers`` frozen below as in training, episodes shaped like its own).
+``--profile`` adds where the demonstration step's CPU time goes: matmuls, dtype casts, and the
+elementwise operators that no matmul unit speeds up.
 
 FLOPs per step follow the usual convention, counting only what runs: a forward is
 ``2·N·tokens`` over the non-embedding weights it passes through, a backward ``4·N·tokens`` over
@@ -23,7 +26,7 @@ the head is trained); attention ``4·d·T`` per token and layer forward, ``8·d�
 row's length, counted as if not causal). The PPO update reuses the frozen layers' output that
 scoring computed (``ScoredBatch.trunk``), so its forward covers the trainable layers only. Usage::
 
-    python benchmarks/update_efficiency.py [--config conf/train.yaml | conf/smollm2.yaml] [--n 2048] [--steps 10]
+    python benchmarks/update_efficiency.py [--config conf/train.yaml | conf/smollm2.yaml] [--n 2048] [--steps 10] [--profile]
 """
 from __future__ import annotations
 
@@ -54,12 +57,15 @@ from models.tokenizer import build_tokenizer
 EPISODE = {"scratch": (20, 7, 35, 3), "pretrained": (60, 16, 50, 3)}
 
 
-def matmul_peak(dtype: torch.dtype, n: int, reps: int = 20, device: torch.device | str = "cpu") -> float:
-    """GFLOP/s of an n x n x n matmul in ``dtype`` on ``device`` (best of three timings)."""
+def matmul_peak(dtype: torch.dtype, n: int, reps: int = 20, device: torch.device | str = "cpu",
+                shape: tuple[int, int, int] | None = None) -> float:
+    """GFLOP/s of an n x n x n matmul (or an (m, k) x (k, n) one, ``shape=(m, k, n)``) in ``dtype``
+    on ``device`` (best of three timings)."""
     device = torch.device(device)
+    m, k, n = shape or (n, n, n)
     # CUDA kernels run asynchronously: wait for them, or the timing covers only the launches.
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
+    a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device)
     torch.mm(a, b)
     best = float("inf")
     for _ in range(3):
@@ -69,7 +75,7 @@ def matmul_peak(dtype: torch.dtype, n: int, reps: int = 20, device: torch.device
             torch.mm(a, b)
         sync()
         best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 * reps / best / 1e9
+    return 2 * m * k * n * reps / best / 1e9
 
 
 def step_flops(model, tokens: int, logit_positions: int, row_len: float, forward_from_trunk: bool = False) -> float:
@@ -90,6 +96,12 @@ def step_flops(model, tokens: int, logit_positions: int, row_len: float, forward
     return (2 * forward * tokens + 4 * trainable * tokens
             + (2 + (4 if head_trained else 2)) * d * vocab * logit_positions
             + (4 * forward_layers + 8 * (layers - frozen)) * d * row_len * tokens)
+
+
+def episode_tokens(shape: tuple[int, int, int, int]) -> int:
+    """Tokens in one synthetic episode of ``shape`` (prompt, per turn, observation, turns)."""
+    prompt, turn, obs, turns = shape
+    return prompt + turn * turns + obs * (turns - 1)
 
 
 def synthetic_episode(rng: random.Random, vocab: int, rid: int, shape: tuple[int, int, int, int]) -> Trajectory:
@@ -123,11 +135,33 @@ def timed(fn, steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
+def profile_step(step, precision: str, steps: int = 3, top: int = 8) -> None:
+    """Print the share of ``steps`` calls of ``step``'s CPU time spent in matmuls (mm, bmm,
+    addmm: what the peak measures), in dtype casts (``copy_``/``_to_copy``: autocast's bf16
+    copies of weights and activations) and in the ``top`` other operators by self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    ops = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    total = sum(ops.values())
+    matmul = sum(ops.get(k, 0) for k in ("aten::mm", "aten::bmm", "aten::addmm"))
+    casts = sum(ops.get(k, 0) for k in ("aten::copy_", "aten::_to_copy"))
+    rest = sorted(((v, k) for k, v in ops.items() if k not in {"aten::mm", "aten::bmm", "aten::addmm",
+                                                               "aten::copy_", "aten::_to_copy"}), reverse=True)
+    print(f"\nprofile of the demonstration step ({'fp32' if precision == 'no' else 'bf16 autocast'}, {steps} steps, "
+          f"self CPU time): matmuls {100 * matmul / total:.0f}%, dtype casts {100 * casts / total:.0f}%, "
+          + ", ".join(f"{k.removeprefix('aten::')} {100 * v / total:.0f}%" for v, k in rest[:top]), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="conf/train.yaml")
     ap.add_argument("--n", type=int, default=2048, help="matmul size of the peak measurement")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile the last precision's demonstration step: where its time goes, by operator")
     args = ap.parse_args()
     cfg = load_config(args.config)
     rng = random.Random(0)
@@ -141,7 +175,9 @@ def main() -> None:
     probe = make_model(cfg, tokenizer)
     print(f"threads {torch.get_num_threads()}, model {args.config} ({count_parameters(probe) / 1e6:.1f}M parameters, "
           f"{count_parameters(probe, trainable_only=True) / 1e6:.1f}M trainable), vocab {len(tokenizer)}, "
-          f"episodes of {sum(shape[:1]) + shape[1] * shape[3] + shape[2] * (shape[3] - 1)} tokens", flush=True)
+          f"episodes of {episode_tokens(shape)} tokens", flush=True)
+    base = getattr(probe, "policy", probe).config
+    probe_shape = (episode_tokens(shape), base.hidden_size, base.intermediate_size)
     del probe
 
     # Without native bf16 (AMX, AVX-512 BF16) a bf16 matmul is emulated: measured small, and the
@@ -152,6 +188,13 @@ def main() -> None:
     print(f"peak matmul GFLOP/s: fp32 {peaks['fp32']:.0f} ({args.n}^3), bf16 {peaks['bf16']:.0f} ({bf16_n}^3"
           f"{'' if native else ', emulated: this CPU has no AMX or AVX-512 BF16'}) "
           f"({peaks['bf16'] / peaks['fp32']:.2f}x)", flush=True)
+    # What the same kernels reach at the model's own widest matmul (a minibatch's tokens through
+    # the MLP's up projection): the ceiling a step of this model can be read against.
+    mlp = (cfg.sft.batch_size * probe_shape[0], probe_shape[1], probe_shape[2])
+    shaped = {k: matmul_peak(dt, 0, shape=mlp) for k, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+    print(f"matmul GFLOP/s at the model's MLP shape {mlp[0]}x{mlp[1]}x{mlp[2]}: fp32 {shaped['fp32']:.0f} "
+          f"({100 * shaped['fp32'] / peaks['fp32']:.0f}% of its peak), bf16 {shaped['bf16']:.0f} "
+          f"({100 * shaped['bf16'] / peaks['bf16']:.0f}% of its peak)", flush=True)
 
     rows = []
     for precision in ("no", "bf16") if native else ("no",):
@@ -180,6 +223,8 @@ def main() -> None:
             sec = timed(lambda: sft_step(ids, target), args.steps)
             flops = step_flops(acc.unwrap_model(model), ids.numel(), int(target.sum()), ids.shape[1])
             rows.append((name, precision, sec, ids.numel() / sec, flops / sec / 1e9))
+        if args.profile and precision == ("bf16" if native else "no"):
+            profile_step(lambda: sft_step(demo_ids, demo_target), precision)
 
         hp = ppo_hyper(cfg)
         batch = collate([synthetic_episode(rng, vocab, i, shape) for i in range(cfg.ppo.episodes_per_iter)],
