@@ -230,11 +230,12 @@ def train_seconds(history: list[dict]) -> float:
 
 def train_rl(job: Job, ws, log_metrics: MetricsFn | None = None, stop_after: int | None = None
              ) -> tuple[list[dict], list[dict], object | None]:
-    """PPO iterations of ``job`` (:func:`agentr1.trainer.run_ppo`, from its checkpoint or the
+    """PPO iterations of ``job`` (:func:`agentr1.recipe.ppo.run_ppo`, from its checkpoint or the
     warm-up), measuring the learning curve at :func:`eval_iterations`, checkpointed there first.
     Returns ``(curve, history, session)``; the session is None when ``stop_after`` (iterations
     in total, for tests) ended the run early."""
-    from agentr1.trainer import PPOSession, run_ppo, write_history
+    from agentr1.recipe.outputs import write_history
+    from agentr1.recipe.ppo import PPOSession, run_ppo
 
     cfg = job.cfg
     session = PPOSession(cfg, ws)
@@ -264,7 +265,9 @@ def run_job(job: Job, ws, warmup_dir: str | Path, log_metrics: MetricsFn | None 
     A finished run is returned as it is; an unfinished RL run resumes from its checkpoint.
     Returns None when ``stop_after`` stopped training before the end (tests).
     """
-    from agentr1.trainer import _load_policy, naive_rag_engine, run_eval, selected_policy
+    from agentr1.recipe.evaluation import naive_rag_engine, run_eval
+    from agentr1.recipe.outputs import selected_policy
+    from agentr1.recipe.workspace import load_policy
 
     claim(job.run_dir / JOB_FILE, job.identity())
     done = finished(job)
@@ -279,16 +282,16 @@ def run_job(job: Job, ws, warmup_dir: str | Path, log_metrics: MetricsFn | None 
         if session is None:
             return None
         # the run's result is the policy `agentr1 train` would make final/: the best on dev, or the last
-        policy = _load_policy(ws, selected_policy(cfg)[0]) if cfg.ppo.dev_every else \
+        policy = load_policy(ws, selected_policy(cfg)[0]) if cfg.ppo.dev_every else \
             (session.policy, session.tokenizer, session.chat)
         engine = None
     else:
-        policy = _load_policy(ws, job.run_dir / WARMUP_DIR)
+        policy = load_policy(ws, job.run_dir / WARMUP_DIR)
         records = curve_records(ws, job.curve)
         if job.kind == "naive_rag":
             engine = naive_rag_engine(cfg, ws, *policy, [*records, *ws.splits[cfg.eval.split]])
         else:
-            from agentr1.trainer import make_engine
+            from agentr1.recipe.workspace import make_engine
 
             engine = make_engine(cfg, ws.env, *policy, ws.device)
         curve = [curve_point(engine, records, cfg, 0, 0.0)]

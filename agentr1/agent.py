@@ -1,6 +1,6 @@
 """The trained agent answering questions: a policy, its environment and tools (for the search
 agent: its corpus), and the rollout engine, built from a run's own config with the same functions
-training uses (``env.registry.build_env`` / ``trainer.make_engine``), so an answer here is an
+training uses (``env.registry.build_env`` / ``recipe.workspace.make_engine``), so an answer here is an
 episode of evaluation.
 
 ``Agent.answer`` plays full multi-turn episodes, batched, and returns per question a plain,
@@ -139,7 +139,7 @@ class Agent:
     def __init__(self, cfg: Config, policy_dir: str | Path, resources: str | Path, device: str | None = None):
         # Heavy imports here: this module is imported by the CLI's parser.
         from agentr1.env.registry import build_env
-        from agentr1.trainer import Workspace, make_engine, resolve_device
+        from agentr1.recipe.workspace import Workspace, make_engine, resolve_device
         from models.chat import ChatFormat
         from models.policy import load_actor_critic
 

@@ -343,7 +343,7 @@ class EvalConfig(_Section):
     per tool call; ``tasks/traces.py``); 0: none."""
     baselines: list[Literal["zero_shot", "naive_rag"]] = []
     """Untrained baselines of a pretrained model, evaluated first on the same questions
-    (``agentr1.trainer.stage_baselines``): ``zero_shot``, the instruct model as it comes;
+    (``agentr1.recipe.evaluation.stage_baselines``): ``zero_shot``, the instruct model as it comes;
     ``naive_rag``, the same model answering after a forced search for the question."""
 
 

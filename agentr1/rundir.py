@@ -24,11 +24,18 @@ from agentr1.config import Config, ConfigError, flatten
 from agentr1.fsutil import write_json
 
 MARKER = ".agentr1-run"
+WARMUP_DIR = "warmup"  # the warmed-up policy, the PPO reference
+WARMUP_STATS = "warmup_stats.json"  # in WARMUP_DIR, written last: the warm-up is finished
+LAST_DIR = Path("checkpoints") / "last"  # the latest PPO checkpoint
+BEST_DIR = Path("checkpoints") / "best"  # with ppo.dev_every: the best policy on dev, and BEST_FILE
+BEST_FILE = "best.json"
+FINAL_DIR = "final"  # the trained policy, and SELECTED_FILE: which one, and why
+SELECTED_FILE = "selected.json"
 HISTORY_FILE = "metrics.jsonl"  # one JSON object of metrics per PPO iteration
 CURVE_FILE = "learning_curve.png"
 SUMMARY_FILE = "summary.json"
 RUN_OUTPUTS = frozenset({
-    "warmup", "checkpoints", "final", "rollouts", "runs", SUMMARY_FILE, HISTORY_FILE, CURVE_FILE,
+    WARMUP_DIR, "checkpoints", FINAL_DIR, "rollouts", "runs", SUMMARY_FILE, HISTORY_FILE, CURVE_FILE,
     "curve.jsonl", "job.json", "result.json", "downloads",
 })
 """Names a run writes at the top of its directory (besides ``eval_*.json``/``trajectories_*.txt``)."""

@@ -55,8 +55,8 @@ from agentr1.rl.ppo import ppo_update, score_batch
 from agentr1.rollout.backend import SamplingSpec
 from agentr1.rollout.batch import collate
 from agentr1.episode import Trajectory
+from agentr1.recipe.ppo import ppo_hyper
 from agentr1.rl.distributed import make_accelerator
-from agentr1.trainer import ppo_hyper
 from models.policy import ActorCritic, attention_for_precision, count_parameters
 from update_efficiency import matmul_peak, step_flops  # this directory's: the FLOP count and the peak
 

@@ -37,10 +37,11 @@ import time
 import torch
 
 from agentr1.config import load_config
+from agentr1.recipe.warmup import build_model
+from agentr1.recipe.workspace import Workspace, make_engine
 from agentr1.rollout.backend import Generation, HFBackend, SamplingSpec
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings
 from agentr1.rollout.vllm_backend import shutdown_engines
-from agentr1.trainer import Workspace, build_model, make_engine
 from models.policy import ModelSpec, build_policy, count_parameters
 
 # The larger size: tens of millions of parameters, head size 64 (vLLM's CPU kernels need one

@@ -25,7 +25,7 @@ from agentr1.env.protocol import format_tool_call
 from agentr1.env.registry import build_env
 from agentr1.env.sandbox import SandboxedTool, SandboxLimits
 from agentr1.env.tools import Tool
-from agentr1.trainer import ensure_data
+from agentr1.recipe.workspace import ensure_data
 
 
 def echo(text: str) -> str:

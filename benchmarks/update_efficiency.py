@@ -38,13 +38,13 @@ import torch
 
 from agentr1.config import load_config
 from agentr1.data.synth import generate
+from agentr1.episode import Trajectory
+from agentr1.recipe.ppo import ppo_hyper
+from agentr1.rl.distributed import make_accelerator, native_bf16
 from agentr1.rl.guard import StepGuard
 from agentr1.rl.ppo import ppo_update, score_batch
 from agentr1.rl.sft import sft_loss
 from agentr1.rollout.batch import collate
-from agentr1.episode import Trajectory
-from agentr1.rl.distributed import make_accelerator, native_bf16
-from agentr1.trainer import ppo_hyper
 from models.policy import ModelSpec, attention_for_precision, build_policy, count_parameters, train_top_layers
 from models.pretrained import load_pretrained
 from models.tokenizer import build_tokenizer

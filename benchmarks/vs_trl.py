@@ -61,9 +61,10 @@ import torch  # noqa: E402
 from agentr1.config import load_config  # noqa: E402
 from agentr1.env.protocol import format_tool_call  # noqa: E402
 from agentr1.rollout.vllm_backend import shutdown_engines  # noqa: E402
-from agentr1.trainer import (  # noqa: E402
-    WARMUP_DIR, PPOSession, Workspace, finished_warmup, iteration_records, warmup,
-)
+from agentr1.recipe.ppo import PPOSession, iteration_records  # noqa: E402
+from agentr1.recipe.warmup import finished_warmup, warmup  # noqa: E402
+from agentr1.recipe.workspace import Workspace  # noqa: E402
+from agentr1.rundir import WARMUP_DIR  # noqa: E402
 
 # GRPO groups: 8 questions x 8 samples make the 64-episode batch.
 GROUP_SIZE = 8

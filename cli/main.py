@@ -266,7 +266,7 @@ def _add_model(subparsers: argparse._SubParsersAction) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from agentr1.config import load_config
     from agentr1.env.registry import resolve
-    from agentr1.trainer import train
+    from agentr1.recipe.stages import train
 
     cfg = resolve(load_config(args.config, args.override))
     setup_logging()
@@ -280,8 +280,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from agentr1.config import load_config
     from agentr1.env.registry import resolve
+    from agentr1.recipe.evaluation import run_eval
+    from agentr1.recipe.workspace import Workspace
     from agentr1.rundir import claim_run_dir
-    from agentr1.trainer import Workspace, run_eval
     from models.chat import ChatFormat
     from models.policy import load_actor_critic
 

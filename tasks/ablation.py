@@ -68,7 +68,7 @@ from tasks import tracking
 from tasks.params import REPO_ROOT, DataSource, preset_path
 from agentr1.env.registry import resolve
 from agentr1.rundir import HISTORY_FILE, claim_run_dir
-from agentr1.trainer import finished_warmup
+from agentr1.recipe.warmup import finished_warmup
 from tasks.training import metrics_logger, warm_up, workspace
 
 log = logging.getLogger("agentr1.tasks.ablation")

@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from agentr1.config import Config
 from agentr1.data.records import MARKER_FILE, DataError
-from agentr1.trainer import ensure_data
+from agentr1.recipe.workspace import ensure_data
 from tasks import tracking
 from tasks.params import DataSource
 from tasks.validation import ValidationFailed, ValidationReport, records_report, summary_markdown, validate_dataset

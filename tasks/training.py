@@ -1,8 +1,8 @@
 """Training tasks: baselines, warm-up, the PPO iterations, the final checkpoint, evaluation.
 
-Thin wrappers over :mod:`agentr1.trainer`. Tasks pass paths and run ids, never models. The PPO
-task opens one :class:`~agentr1.trainer.PPOSession` (from the last checkpoint when there is one)
-and runs the engine's loop, :func:`~agentr1.trainer.run_ppo`, the same one ``agentr1 train``
+Thin wrappers over :mod:`agentr1.recipe`. Tasks pass paths and run ids, never models. The PPO
+task opens one :class:`~agentr1.recipe.ppo.PPOSession` (from the last checkpoint when there is one)
+and runs the engine's loop, :func:`~agentr1.recipe.ppo.run_ppo`, the same one ``agentr1 train``
 runs, with checkpoints on the config's schedule; before each update it stores the batch as a
 versioned Parquet dataset under the run and validates that file with Great Expectations (a
 nested task per iteration). A batch that fails validation stops the run before the update, so
@@ -24,11 +24,13 @@ from prefect.cache_policies import NO_CACHE
 
 from agentr1 import checkpoint as ckpt
 from agentr1.config import Config, config_hash
-from agentr1.rundir import HISTORY_FILE, claim_run_dir
+from agentr1.recipe.evaluation import run_eval, stage_baselines
+from agentr1.recipe.outputs import write_final_policy, write_history
+from agentr1.recipe.ppo import PPOSession, run_ppo
+from agentr1.recipe.warmup import check_demonstrable, finished_warmup, warmup
+from agentr1.recipe.workspace import Workspace
 from agentr1.rollout.store import RolloutDatasetInfo
-from agentr1.trainer import (LAST_DIR, SELECTED_FILE, WARMUP_DIR, PPOSession, Workspace, check_demonstrable,
-                             finished_warmup, run_eval, run_ppo, stage_baselines, warmup, write_final_policy,
-                             write_history)
+from agentr1.rundir import HISTORY_FILE, LAST_DIR, SELECTED_FILE, WARMUP_DIR, claim_run_dir
 from tasks import traces, tracking
 from tasks.data import publish_failure
 from tasks.report import Progress
@@ -131,7 +133,7 @@ def rollouts_path(cfg: Config, iteration: int) -> Path:
 @task(name="ppo", cache_policy=NO_CACHE)
 def ppo_iterations(cfg: Config, run_id: str | None = None, progress_key: str = "ppo-progress"
                    ) -> list[IterationResult]:
-    """The PPO iterations still to do, in one session (:func:`~agentr1.trainer.run_ppo`, the loop of
+    """The PPO iterations still to do, in one session (:func:`~agentr1.recipe.ppo.run_ppo`, the loop of
     every entry point: a checkpoint every ``ppo.checkpoint_every`` and at the end; a rerun resumes
     from the last one). Each batch is stored as a versioned Parquet file and validated with Great
     Expectations before its update; metrics go to MLflow; a progress artifact follows the
@@ -173,7 +175,7 @@ def ppo_iterations(cfg: Config, run_id: str | None = None, progress_key: str = "
 
 @task(name="save-final-policy", cache_policy=NO_CACHE)
 def save_final_policy(cfg: Config, run_id: str | None = None) -> str:
-    """``final/``: the best policy on dev or the last (:func:`~agentr1.trainer.write_final_policy`),
+    """``final/``: the best policy on dev or the last (:func:`~agentr1.recipe.outputs.write_final_policy`),
     plus ``metrics.jsonl`` and ``learning_curve.png``; logged to the run as artifacts, the
     selected iteration as the metric ``final/iteration``."""
     out = Path(cfg.output_dir)

@@ -28,7 +28,7 @@ from agentr1.config import ModelConfig, load_config
 from agentr1.data.records import load_dataset
 from agentr1.env.rewards import exact_match
 from agentr1.episode import Trajectory
-from agentr1.trainer import ensure_data
+from agentr1.recipe.workspace import ensure_data
 from tasks import tracking
 
 TINY = ["data.synth.n_train=24", "data.synth.n_dev=2", "data.synth.n_test=8", "env.max_turns=2",

@@ -241,7 +241,9 @@ def checkpointed_run(tmp_path_factory):
     """A tiny run with its warm-up and one PPO checkpoint."""
     from test_trainer import TINY
 
-    from agentr1.trainer import Workspace, train_ppo, warmup
+    from agentr1.recipe.ppo import train_ppo
+    from agentr1.recipe.warmup import warmup
+    from agentr1.recipe.workspace import Workspace
 
     root = tmp_path_factory.mktemp("ckrun")
     cfg = load_config("conf/train.yaml", [f"data.dir={root / 'data'}", f"output_dir={root / 'run'}", *TINY,
@@ -257,7 +259,7 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(damage, checkpointed_ru
     """Each damage stops the resume before any weight is loaded, with one line that names the file
     (or the manifest that cannot vouch for it) and what to do; nothing resumes from fresh weights."""
     from agentr1.fsutil import DamagedError
-    from agentr1.trainer import PPOSession
+    from agentr1.recipe.ppo import PPOSession
 
     cfg, ws = checkpointed_run
     run = tmp_path / "run"

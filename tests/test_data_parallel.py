@@ -77,7 +77,7 @@ def one_update(case: str, *extra: str) -> dict:
     from agentr1.rl.guard import StepGuard
     from agentr1.rl.ppo import ppo_update, score_batch
     from agentr1.rl.distributed import make_accelerator
-    from agentr1.trainer import ppo_hyper
+    from agentr1.recipe.ppo import ppo_hyper
 
     hp = ppo_hyper(load_config(None, [*COMMON, *CASES[case], *extra]))
     model, ref = tiny_policy(seed=0), tiny_policy(seed=1)
@@ -116,7 +116,7 @@ def test_the_critic_learns_where_the_advantages_read_it(loss_mask, advantage_mas
     from agentr1.config import load_config
     from agentr1.rl.core import masked_mean, masked_var, value_loss
     from agentr1.rl.ppo import STEP_METRICS, minibatch_loss, score_batch
-    from agentr1.trainer import ppo_hyper
+    from agentr1.recipe.ppo import ppo_hyper
 
     hp = ppo_hyper(load_config(None, [*COMMON, *CASES["gae"], f"ppo.loss_mask={str(loss_mask).lower()}",
                                       f"ppo.advantage_mask={str(advantage_mask).lower()}"]))
@@ -178,7 +178,7 @@ def test_one_update_on_two_processes_equals_one_process(tmp_path):
 
 def test_stages_other_than_ppo_are_refused_under_several_processes(tmp_path, monkeypatch):
     from agentr1.config import ConfigError, load_config
-    from agentr1.trainer import train
+    from agentr1.recipe.stages import train
 
     monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun tells each process it starts
     cfg = load_config(None, [f"output_dir={tmp_path / 'run'}", f"data.dir={tmp_path / 'data'}"])

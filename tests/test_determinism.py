@@ -11,7 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentr1.trainer import Workspace, train_ppo, warmup
+from agentr1.recipe.ppo import train_ppo
+from agentr1.recipe.warmup import warmup
+from agentr1.recipe.workspace import Workspace
 from test_trainer import TINY, data_dir, params, tiny_config  # noqa: F401 - data_dir is a fixture
 
 THREADS = 1

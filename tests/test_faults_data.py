@@ -166,7 +166,7 @@ def test_at_least_22_fault_kinds():
 
 
 def test_clean_dataset_passes_every_entry_point(clean, tmp_path, capsys):
-    from agentr1.trainer import Workspace
+    from agentr1.recipe.workspace import Workspace
 
     assert check_dataset(clean) == []
     code, out, _ = _cli(capsys, "data", "validate", "--data", clean)

@@ -66,7 +66,7 @@ def test_train_and_pipeline_say_the_disk_is_full_in_one_line(command, tmp_path):
     from test_trainer import TINY
 
     from agentr1.config import load_config
-    from agentr1.trainer import Workspace
+    from agentr1.recipe.workspace import Workspace
 
     data = tmp_path / "data"
     Workspace.build(load_config("conf/train.yaml", [f"data.dir={data}", *TINY]))

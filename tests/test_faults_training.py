@@ -21,8 +21,10 @@ from cli.main import EXIT_TRAINING_FAILED, main
 from agentr1.config import Config, ConfigError, load_config
 from agentr1.fsutil import atomic_dir, recover_dir
 from agentr1.rl.guard import StepGuard, TrainingDiverged, assert_finite
-from agentr1.rundir import MARKER, claim_run_dir
-from agentr1.trainer import LAST_DIR, Workspace, train_ppo, warmup
+from agentr1.rundir import LAST_DIR, MARKER, claim_run_dir
+from agentr1.recipe.ppo import train_ppo
+from agentr1.recipe.warmup import warmup
+from agentr1.recipe.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -146,7 +148,7 @@ def test_the_batch_check_names_each_broken_rule_and_episode():
 
 @pytest.mark.slow
 def test_a_corrupt_batch_stops_agentr1_train_before_its_update(data_dir, warm, tmp_path, monkeypatch, capsys):
-    from agentr1.trainer import PPOSession
+    from agentr1.recipe.ppo import PPOSession
 
     collect = PPOSession.collect
 
@@ -209,7 +211,7 @@ def test_real_data_is_demonstrated_and_a_record_it_cannot_be_is_refused_before_a
     from test_convert import HOTPOT, needs_real
 
     from agentr1.env.episodes import run_episodes
-    from agentr1.trainer import check_demonstrable
+    from agentr1.recipe.warmup import check_demonstrable
 
     if needs_real.args[0]:
         pytest.skip(needs_real.kwargs["reason"])
@@ -256,7 +258,7 @@ def test_a_checkpoint_is_resumed_only_with_its_own_configuration(data_dir, warm,
 
 
 def test_a_warm_up_is_reused_only_with_its_own_configuration(data_dir, warm, tmp_path):
-    from agentr1.trainer import finished_warmup
+    from agentr1.recipe.warmup import finished_warmup
 
     out = run_with_warmup(warm, tmp_path / "run")
     same = load_config("conf/train.yaml", overrides(data_dir, out, "ppo.lr=3e-4"))  # PPO keys do not matter

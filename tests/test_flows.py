@@ -21,7 +21,9 @@ from test_trainer import TINY
 from agentr1.config import ConfigError, load_config
 from agentr1.data.convert import split_of
 from agentr1.data.records import load_dataset
-from agentr1.trainer import PPOSession, ensure_data, play_demonstrations
+from agentr1.recipe.ppo import PPOSession
+from agentr1.recipe.warmup import play_demonstrations
+from agentr1.recipe.workspace import ensure_data
 from tasks import tracking
 from tasks.ablation import AblationParams
 from tasks.data import dir_hash, recorded_hash, version_dataset
@@ -293,7 +295,7 @@ def test_served_deployment_runs_with_the_form_defaults(prefect_api, data_dir, wa
     # on bit-identical parameters.
     from safetensors.torch import load_file
 
-    from agentr1.trainer import train
+    from agentr1.recipe.stages import train
 
     cli_run = seeded_run(tmp_path / "cli", warm_dir)
     threads = torch.get_num_threads()
@@ -369,7 +371,7 @@ def test_corrupted_rollout_batch_stops_before_the_update(prefect_api, data_dir, 
 
 @pytest.mark.slow
 def test_the_pipeline_checkpoints_on_the_configs_schedule(prefect_api, data_dir, warm_dir, tmp_path, monkeypatch):
-    """Under Prefect the PPO iterations are the engine's one loop (trainer.run_ppo): a checkpoint
+    """Under Prefect the PPO iterations are the engine's one loop (recipe.ppo.run_ppo): a checkpoint
     every ppo.checkpoint_every iterations and at the end, each batch stored and validated first."""
     from flows.pipeline import pipeline
 

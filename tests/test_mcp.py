@@ -172,7 +172,7 @@ def test_an_agent_trains_on_an_mcp_tool_end_to_end_through_a_server_crash(prefec
     import mlflow
     import pandas as pd
 
-    from agentr1.trainer import ensure_data
+    from agentr1.recipe.workspace import ensure_data
     from flows.pipeline import pipeline
     from tasks import tracking
 

@@ -447,7 +447,8 @@ def test_pretrained_warm_up_without_steps_plays_no_expert(qwen_dir, tmp_path):
     """sft.steps=0 on a pretrained model with no value fit: the warm-up only saves the model
     with a value head; the scripted expert never runs."""
     from agentr1.config import load_config
-    from agentr1.trainer import Workspace, warmup
+    from agentr1.recipe.warmup import warmup
+    from agentr1.recipe.workspace import Workspace
 
     cfg = load_config("conf/train.yaml", [
         f"data.dir={tmp_path / 'data'}", f"output_dir={tmp_path / 'run'}", "data.synth.n_train=8",
@@ -466,7 +467,8 @@ def test_baselines_of_a_pretrained_model_are_played_like_the_agent(qwen_dir, tmp
     from agentr1.config import ConfigError, load_config
     from agentr1.env.protocol import format_tool_call
     from agentr1.env.qa_env import SYSTEM_PROMPT as QA_SYSTEM_PROMPT
-    from agentr1.trainer import Workspace, train
+    from agentr1.recipe.stages import train
+    from agentr1.recipe.workspace import Workspace
 
     base = [f"data.dir={tmp_path / 'data'}", f"output_dir={tmp_path / 'run'}", "data.synth.n_train=8",
             "data.synth.n_dev=2", "data.synth.n_test=3", "rollout.backend=hf", "env.max_turn_tokens=6"]

@@ -81,7 +81,8 @@ def server(request, tmp_path_factory):
     from agentr1.data.records import corpus_path
     from agentr1.env.registry import resolve
     from agentr1.openai_chat import ChatCompletions
-    from agentr1.trainer import Workspace, warmup
+    from agentr1.recipe.warmup import warmup
+    from agentr1.recipe.workspace import Workspace
     from cli.serve import make_app
 
     root = tmp_path_factory.mktemp("serve")

@@ -180,7 +180,7 @@ def test_one_ppo_update_moves_only_the_trainable_layers(world, smollm2_dir, tmp_
     finite, and a saved checkpoint reloads to identical log-probs."""
     from agentr1.config import PPOConfig
     from agentr1.rl.distributed import make_accelerator
-    from agentr1.trainer import share_frozen_layers
+    from agentr1.recipe.ppo import share_frozen_layers
     from agentr1.rl.ppo import PPOHyper
 
     chat, tok, env = world["chat"], world["tok"], world["env"]

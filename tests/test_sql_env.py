@@ -140,7 +140,7 @@ def test_the_logged_sql_agent_carries_its_database_and_has_its_own_registered_mo
     import mlflow
 
     from agentr1.config import ModelConfig, load_config
-    from agentr1.trainer import ensure_data
+    from agentr1.recipe.workspace import ensure_data
     from models.policy import ModelSpec, build_policy, save_actor_critic
     from models.tokenizer import build_tokenizer
     from tasks import tracking

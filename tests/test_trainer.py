@@ -11,7 +11,10 @@ import torch
 from cli.main import main
 from agentr1.config import ConfigError, load_config
 from agentr1.data.records import load_corpus_dir
-from agentr1.trainer import Workspace, corpus_rows, demonstrations_needed, train, train_ppo, warmup
+from agentr1.recipe.ppo import train_ppo
+from agentr1.recipe.stages import train
+from agentr1.recipe.warmup import corpus_rows, demonstrations_needed, warmup
+from agentr1.recipe.workspace import Workspace
 
 TINY = [
     "data.synth.n_train=48", "data.synth.n_dev=4", "data.synth.n_test=12",

@@ -83,7 +83,7 @@ def test_the_basket_example_demonstrates_five_calls_copied_from_its_tools(tmp_pa
     from agentr1.config import load_config
     from agentr1.env.episodes import run_episodes
     from agentr1.env.registry import resolve
-    from agentr1.trainer import Workspace
+    from agentr1.recipe.workspace import Workspace
 
     cfg = resolve(load_config("conf/basket.yaml", [f"data.dir={tmp_path / 'data'}", "data.synth.n_train=12",
                                                    "data.synth.n_dev=2", "data.synth.n_test=2"]))

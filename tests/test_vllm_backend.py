@@ -22,7 +22,7 @@ from agentr1.rollout.backend import SamplingSpec
 from agentr1.rollout.batch import collate
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings
 from agentr1.rollout.vllm_backend import VLLMBackend, preserved_rng, shutdown_engines
-from agentr1.trainer import ppo_hyper
+from agentr1.recipe.ppo import ppo_hyper
 from models.policy import ModelSpec, build_policy
 
 # fp32 on both sides; vLLM's CPU kernels sum in another order than torch's.

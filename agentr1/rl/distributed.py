@@ -10,7 +10,7 @@ Run PPO iterations on 2 processes (CPU, gloo backend), after a single-process wa
 (or no GPU) the processes train on the CPU over gloo. ``accelerate launch --cpu --num_processes 2``
 starts ONE process in accelerate 1.x unless MPI is set up (``--mpirun_hostfile``).
 
-What each process does in an iteration (the one loop, :func:`agentr1.trainer.run_ppo`):
+What each process does in an iteration (the one loop, :func:`agentr1.recipe.ppo.run_ppo`):
 
 1. plays its contiguous share of the iteration's questions (whole GRPO groups), then every
    process receives every trajectory (``gather_object``: token ids, masks and rewards are small);

@@ -49,7 +49,7 @@ from agentr1.rollout.batch import RolloutBatch, length_bucketed_batches
 @dataclass(frozen=True)
 class PPOHyper:
     """The knobs of one PPO update, without defaults: they come from the validated config only
-    (``agentr1.trainer.ppo_hyper``), so the default run has one source (``agentr1/config.py``)."""
+    (``agentr1.recipe.ppo.ppo_hyper``), so the default run has one source (``agentr1/config.py``)."""
 
     estimator: Estimator
     loss_mask: bool
@@ -151,7 +151,7 @@ def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper,
     ids, attn, at = batch.input_ids[rows], batch.attention_mask[rows], loss_mask[rows]
     net = _network(model, accelerator)
     # The frozen layers' output, once for the policy, the reference (which shares those layers:
-    # agentr1.trainer.share_frozen_layers) and every epoch. Data parallel shards rows: not there.
+    # agentr1.recipe.ppo.share_frozen_layers) and every epoch. Data parallel shards rows: not there.
     trunk = None if _parallel(accelerator) or not getattr(net, "frozen_layers", 0) else net.trunk_states(ids, attn)
     old_logp, old_values, _ = forward_tokens(net, ids, attn, hp.temperature, positions=at, trunk=trunk)
     ref_logp, _, _ = forward_tokens(ref_model, ids, attn, hp.temperature, positions=at, trunk=trunk)

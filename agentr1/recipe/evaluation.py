@@ -1,0 +1,76 @@
+"""A policy played greedy and sampled on a split (:func:`agentr1.evaluate.evaluate`), written as
+``eval_<tag>.json`` and ``trajectories_<tag>.txt``; and the untrained model's baselines."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from agentr1.config import Config
+from agentr1.env.registry import build_env
+from agentr1.evaluate import EvalResult, evaluate, render_trajectory
+from agentr1.recipe.warmup import build_model
+from agentr1.recipe.workspace import Workspace, eval_records, make_engine
+from agentr1.rollout.engine import RolloutEngine
+
+log = logging.getLogger("agentr1.train")
+
+
+def run_eval(cfg: Config, ws: Workspace, model, tokenizer, chat, tag: str, split: str | None = None,
+             engine: RolloutEngine | None = None) -> EvalResult:
+    """Evaluate greedy and sampled on a split; writes eval_{tag}.json and trajectories_{tag}.txt.
+    ``engine`` replaces the default one (e.g. :func:`naive_rag_engine`'s)."""
+    records = eval_records(cfg, ws, split)
+    engine = engine or make_engine(cfg, ws.env, model, tokenizer, chat, ws.device)
+    temp = cfg.eval.sampled_temperature or cfg.rollout.temperature
+    result = evaluate(engine, records, seed=cfg.seed + 12_345, sampled_temperature=temp,
+                      batch_size=cfg.eval.batch_size)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"eval_{tag}.json").write_text(json.dumps(result.metrics, indent=1, sort_keys=True))
+    questions = {r.id: r.question for r in records}
+    shown = []
+    for mode in ("greedy", "sampled"):
+        for t in result.trajectories[mode][: cfg.eval.render_examples]:
+            shown.append(f"## {mode}\n" + render_trajectory(t, tokenizer, questions[t.record_id]))
+    (out / f"trajectories_{tag}.txt").write_text("\n\n".join(shown) + "\n")
+    return result
+
+
+def naive_rag_engine(cfg: Config, ws: Workspace, model, tokenizer, chat, records: list) -> RolloutEngine:
+    """A rollout engine playing naive RAG on ``records`` (:mod:`agentr1.rollout.forced`): a
+    2-turn environment, the first turn forced to a search for the question (its first
+    ``env.max_query_chars`` characters), the second to open with the answer tag."""
+    from agentr1.env.protocol import ANSWER_START, format_tool_call
+    from agentr1.rollout.forced import NaiveRAGBackend
+
+    env = build_env(cfg.model_copy(update={"env": cfg.env.model_copy(update={"max_turns": 2})}), ws.data_dir)
+    engine = make_engine(cfg, env, model, tokenizer, chat, ws.device)
+    system = env.system_turn()
+    first = {tuple(chat.prompt_ids(system, env.user_prompt(r))):
+             chat.turn_ids(format_tool_call(r.question[: cfg.env.max_query_chars])) for r in records}
+    engine.backend = NaiveRAGBackend(engine.backend, first, chat.prefix_ids(ANSWER_START))
+    return engine
+
+
+def stage_baselines(cfg: Config, ws: Workspace) -> dict[str, dict[str, float]]:
+    """The untrained model of a pretrained run (``eval.baselines``) on the evaluation split, played
+    and scored exactly as the trained agent will be: ``zero_shot`` (the instruct model as it comes,
+    told the tool protocol only by the environment's instructions, also where the run's agent
+    reads no system turn) and ``naive_rag`` (the same model after a forced search for the question). Writes ``eval_<baseline>.json`` and
+    ``trajectories_<baseline>.txt``; returns their metrics by baseline."""
+    model, tokenizer, chat = build_model(cfg, ws, [], [])
+    model.eval()
+    # An untrained model knows the tool protocol only from the instructions: where the run leaves
+    # the system turn out (its agent learns the protocol in the warm-up), the baselines get the
+    # environment's own.
+    told = cfg if cfg.env.system_prompt != "" else \
+        cfg.model_copy(update={"env": cfg.env.model_copy(update={"system_prompt": None})})
+    out = {}
+    for name in cfg.eval.baselines:
+        log.info("baseline %s: evaluating the untrained %s on %s", name, cfg.model.name_or_path, cfg.eval.split)
+        engine = naive_rag_engine(told, ws, model, tokenizer, chat, eval_records(cfg, ws)) if name == "naive_rag" \
+            else make_engine(told, build_env(told, ws.data_dir), model, tokenizer, chat, ws.device)
+        out[name] = run_eval(cfg, ws, model, tokenizer, chat, name, engine=engine).metrics
+        log.info("baseline %s: greedy EM %.3f, sampled EM %.3f", name, out[name]["greedy/em"], out[name]["sampled/em"])
+    return out
