@@ -24,6 +24,7 @@ from agentr1.rollout.engine import RolloutEngine, RolloutSettings
 log = logging.getLogger("agentr1.train")
 
 MetricsFn = Callable[[dict[str, float], int], None]
+"""``log_metrics(metrics, step)``: where a stage reports its metrics (MLflow in the pipeline)."""
 
 
 def seed_everything(seed: int) -> None:
