@@ -186,6 +186,15 @@ class RolloutConfig(_Section):
     2 cores (hf: 34; docs/experiments/2026-12-02-smollm2.md). The hf backend samples from the
     trainer's own module, so it takes ``auto`` only."""
 
+    @model_validator(mode="after")
+    def _check(self) -> "RolloutConfig":
+        # Said at load time, not when the first engine is built (after the data and the baselines):
+        # rollout.backend=auto falling back to hf is only known then (agentr1.recipe.workspace.make_engine).
+        if self.backend == "hf" and self.dtype != "auto":
+            raise ValueError(f"rollout.dtype={self.dtype} is the vLLM engine's copy of the weights; the hf backend "
+                             "samples from the trainer's own: add -o rollout.dtype=auto (or use rollout.backend=vllm)")
+        return self
+
 
 class ExpertConfig(_Section):
     """Mistakes of the scripted expert whose transcripts seed the warm-up."""

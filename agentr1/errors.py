@@ -37,6 +37,11 @@ class TrainingStopped(UserError):
     exit_status = EXIT_TRAINING_FAILED
 
 
+class NotFound(UserError, FileNotFoundError):
+    """A file the user named (a preset, a model directory) that is not there; the message says
+    what there is instead."""
+
+
 class DamagedError(UserError, ValueError):
     """A directory whose files do not match its manifest, or a checkpoint that cannot be loaded
     safely; the message names the file and the fix."""

@@ -11,11 +11,10 @@ from dataclasses import dataclass
 
 from agentr1.metrics import MODES
 from agentr1.episode import Trajectory
-from agentr1.rollout.engine import RolloutEngine
+from agentr1.rollout.engine import PROGRESS_EVERY_S, RolloutEngine
 
 # Episode metrics averaged into the report (all present in Trajectory.metrics).
 log = logging.getLogger("agentr1.train")
-PROGRESS_EVERY_S = 20.0  # a line after any batch that ends this long after the last one
 
 METRIC_KEYS = ("em", "f1", "contains", "format_ok", "answered", "turns", "n_calls", "n_bad_calls",
                "retrieval_hit", "support_recall", "action_tokens")

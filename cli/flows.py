@@ -157,9 +157,15 @@ def summary_lines(kind: str, result: dict) -> list[str]:
         return [f"{result['model']} ({result['label']}) on {result['split']}: exact match greedy "
                 f"{m['greedy/em']:.3f}, sampled {m['sampled/em']:.3f}"]
     w, f, p = result["warmup"], result["final"], result["promotion"]
-    rows = [("warm-up (before RL)", w), (f"after RL ({result['iterations']} PPO iterations)", f)]
-    return [f"{'Exact match on ' + result['split']:<34}greedy   sampled",
-            *(f"  {name:<32}{m['greedy/em']:.3f}    {m['sampled/em']:.3f}" for name, m in rows),
+    its = result["iterations"]
+    from agentr1.report import BASELINE_LABELS
+
+    short = {b: label.split(" (")[0] for b, label in BASELINE_LABELS.items()}  # "naive RAG"
+    rows = [*((f"{short.get(b, b)} (untrained)", m) for b, m in result.get("baselines", {}).items()),
+            ("warm-up (before RL)", w), (f"after RL ({its} PPO iteration{'' if its == 1 else 's'})", f)]
+    where = f"{result['split']} ({int(f['greedy/n'])} questions)" if "greedy/n" in f else result["split"]
+    return [f"{'Exact match on ' + where:<40}greedy   sampled",
+            *(f"  {name:<38}{m['greedy/em']:.3f}    {m['sampled/em']:.3f}" for name, m in rows),
             f"Registered {result['registered_model']} v{result['registered_version']}; champion is v{p['champion_after']} "
             f"({p['reason']})"]
 
@@ -249,9 +255,12 @@ def _set_crashed(flow_run_id, signame: str) -> None:
 def cmd_pipeline(args: argparse.Namespace) -> int:
     console_setup(args.verbose)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_S)
-    server = use_local_server()
     flow, params = flow_params(args)
+    from tasks.params import resolve_config
     from tasks.validation import ValidationFailed
+
+    resolve_config(params, args.flow)  # a bad preset, key or value: said now, not after the server has started
+    server = use_local_server()
 
     state = run_flow(args, flow, params)
     try:

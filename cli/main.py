@@ -331,7 +331,8 @@ def _print_transcript(result: dict) -> None:
     print(f"Q: {result['question']}")
     for part in result["transcript"]:
         print(f"  [{part['role']}] {part['text'].strip()}")
-    print(f"A: {result['answer']}   ({result['turns']} turns, {len(result['tool_calls'])} tool calls, "
+    answer = "(no answer)" if result["answer"] is None else result["answer"]
+    print(f"A: {answer}   ({result['turns']} turns, {len(result['tool_calls'])} tool calls, "
           f"ended by {result['finish']})\n")
 
 

@@ -183,7 +183,7 @@ def spec_path(preset: str, folder: Path = ABLATION_CONF, what: str = "ablation p
         return preset_path(preset if preset.endswith((".yaml", ".yml")) else f"{folder.name}/{preset}")
     except FileNotFoundError:
         known = sorted(p.stem for p in (REPO_ROOT / folder).glob("*.yaml"))
-        raise FileNotFoundError(f"{what} {preset!r}: no such file; presets: {known}") from None
+        raise errors.NotFound(f"{what} {preset!r}: no such file; presets: {known}") from None
 
 
 def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:

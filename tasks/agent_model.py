@@ -73,7 +73,9 @@ class AgentModel(mlflow.pyfunc.PythonModel):
         columns = list(model_input.columns) if isinstance(model_input, pd.DataFrame) else []
         shape = next((c for c in (QUESTION, RESPONSES_INPUT, CHAT_MESSAGES) if c in columns), None)
         if shape is None:
-            got = columns or type(model_input).__name__
+            # MLflow's signature check drops the columns it does not name before predict runs, so a
+            # misnamed column arrives as none at all.
+            got = columns or "no column it knows (the server drops columns the model's signature does not name)"
             raise MlflowException(f"input needs a {QUESTION!r} column (or an agent request's {RESPONSES_INPUT!r} or "
                                   f"{CHAT_MESSAGES!r} messages), got {got}", INVALID_PARAMETER_VALUE)
         try:  # a bad question or parameter is the caller's error (4xx), not the server's

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentr1.config import Config, Estimator, load_config
 from agentr1.env.registry import resolve
 from agentr1.data.convert import DEFAULT_DEV_FRACTION, DEFAULT_TEST_FRACTION, SOURCE_KINDS, SYNTHETIC
+from agentr1.errors import NotFound
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = "conf"
@@ -108,7 +109,7 @@ def preset_path(preset: str) -> Path:
             if (base / c).is_file():
                 return base / c
     known = sorted(p.stem for p in (REPO_ROOT / CONF_DIR).glob("*.yaml"))
-    raise FileNotFoundError(f"preset {preset!r}: no such config file; presets: {known}")
+    raise NotFound(f"preset {preset!r}: no such config file; presets: {known}")
 
 
 def knob_overrides(form: ConfigForm) -> list[str]:

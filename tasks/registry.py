@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +26,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from agentr1.config import Config
-from agentr1.errors import EXIT_FAILED, UserError
+from agentr1.errors import EXIT_FAILED, NotFound, UserError
 from tasks import tracking
 
 if TYPE_CHECKING:
@@ -64,6 +65,10 @@ class Promotion:
     reason: str
 
 
+_ALIAS = re.compile(r"[\w-]+")
+"""What a registered alias or version may be (MLflow's rule for alias names)."""
+
+
 def parse_model_ref(ref: str, name: str = tracking.MODEL_NAME) -> tuple[str, str | None, str | None]:
     """``"3"`` / ``"champion"`` / ``"models:/n/3"`` / ``"models:/n@champion"`` ->
     ``(name, version, alias)`` with exactly one of version and alias set."""
@@ -74,6 +79,10 @@ def parse_model_ref(ref: str, name: str = tracking.MODEL_NAME) -> tuple[str, str
             return name, None, alias
         name, _, version = body.partition("/")
         return name, version, None
+    if not _ALIAS.fullmatch(ref):  # MLflow's alias rule: a '/' or '.' means a path, and it is not there
+        raise NotFound(f"model {ref!r}: no such directory; a model is a policy directory, a logged MLflow "
+                                "model directory, or a registered one: a version number, an alias such as champion, "
+                                f"or {MODELS_URI}NAME/VERSION")
     return (name, ref, None) if ref.isdigit() else (name, None, ref)
 
 
@@ -96,8 +105,9 @@ def resolve_version(ref: str) -> tuple[str, str]:
                  else tracking.client().get_model_version(name, version))
     except MlflowException as exc:
         what = f"{name}@{alias}" if alias is not None else f"{name} version {version}"
-        raise LookupError(f"model {ref!r}: no registered {what} in {tracking.tracking_uri()} "
-                          f"({exc.error_code})") from None
+        raise LookupError(f"model {ref!r}: no registered {what} in {tracking.tracking_uri()} ({exc.error_code}); "
+                          "train and register one with `agentr1 pipeline`, or set MLFLOW_TRACKING_URI to the "
+                          "store that has it") from None
     return name, str(found.version)
 
 

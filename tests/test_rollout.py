@@ -52,6 +52,21 @@ def test_tokens_are_prompt_then_sampled_turns_and_observations(world):
         assert t.finish in ("answer", "max_turns", "context")
 
 
+def test_a_slow_rollout_says_where_it_is_and_a_fast_one_stays_quiet(world, monkeypatch, caplog):
+    from agentr1.rollout import engine
+
+    records = world["splits"]["test"][:6]
+    with caplog.at_level("INFO", logger="agentr1.train"):
+        quiet = make_engine(world).run(records, seed=0)
+    assert not [r for r in caplog.records if r.getMessage().startswith("rollout:")]
+    monkeypatch.setattr(engine, "PROGRESS_EVERY_S", 0.0)  # every turn is "slow"
+    with caplog.at_level("INFO", logger="agentr1.train"):
+        loud = make_engine(world).run(records, seed=0)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rollout:")]
+    assert lines and lines[0].startswith("rollout: 1 turn played, ") and f"of {len(records)} episodes" in lines[0]
+    assert [t.token_ids for t in loud] == [t.token_ids for t in quiet]  # reporting changes nothing played
+
+
 def test_turns_stop_at_stop_tokens_or_the_limit(world):
     chat = world["chat"]
     trajs = make_engine(world, max_turn_tokens=7).run(world["splits"]["test"][:8], seed=1)

@@ -163,6 +163,10 @@ def test_config_errors_name_the_key(tmp_path):
     assert load_config("conf/train.yaml", ["ppo.kl_in_reward=true"]).ppo.kl_in_reward  # gae folds it per token
     with pytest.raises(ConfigError, match="eval.sampled_temperature"):
         load_config("conf/train.yaml", ["eval.sampled_temperature=0"])
+    # the vLLM engine's bf16 copy with the hf backend: refused at load, naming the way out
+    with pytest.raises(ConfigError, match="add -o rollout.dtype=auto"):
+        load_config("conf/smollm2.yaml", ["rollout.backend=hf"])
+    assert load_config("conf/smollm2.yaml", ["rollout.backend=hf", "rollout.dtype=auto"]).rollout.backend == "hf"
 
 
 def test_cli_rejects_a_bad_override_with_exit_2(capsys):

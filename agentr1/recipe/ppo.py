@@ -29,6 +29,7 @@ from agentr1.rl.guard import StepGuard, TrainingDiverged, assert_finite_outputs
 from agentr1.rl.ppo import PPOHyper, ppo_update, score_batch
 from agentr1.rollout.batch import collate
 from agentr1.rollout.checks import RolloutBatchError, check_batch, reward_bound
+from agentr1.rollout.engine import PROGRESS_EVERY_S
 from agentr1.rundir import BEST_DIR, BEST_FILE, LAST_DIR, WARMUP_DIR, check_same_config, ppo_identity
 
 log = logging.getLogger("agentr1.train")
@@ -289,6 +290,10 @@ class PPOSession:
         with self.acc.autocast():
             scored, score_m = score_batch(self.model, self.ref_model, batch, hp, self.acc)
         t_score = time.time() - t1
+        t_roll = getattr(self, "_t_rollout", 0.0)
+        if t_roll + t_score >= PROGRESS_EVERY_S and self.acc.is_main_process:  # a slow model: a line before the update
+            log.info("iter %3d/%d  rollouts %.0fs, scoring %.0fs; updating (%d epochs)", it + 1, p.iterations,
+                     t_roll, t_score, p.epochs)
         if not (math.isfinite(score_m["actor/ref_kl"]) and math.isfinite(score_m["critic/advantages_abs"])):
             raise TrainingDiverged(f"{where}: the batch scores to non-finite log-probs or advantages "
                                    f"(KL to the reference {score_m['actor/ref_kl']}, "
@@ -302,7 +307,6 @@ class PPOSession:
         self.model.eval()
         assert_finite_outputs(self.policy, batch.input_ids, batch.attention_mask, where)
         t_upd = time.time() - t1 - t_score
-        t_roll = getattr(self, "_t_rollout", 0.0)
         # An iteration's time in three parts: sampling, scoring (old/reference log-probs, values,
         # advantages), and the epochs of minibatch updates.
         metrics = {**rollout_metrics(trajs), **score_m, **upd_m, "actor/kl_coef": self.kl_coef,

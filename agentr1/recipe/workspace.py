@@ -109,8 +109,9 @@ def make_engine(cfg: Config, env: Environment, model, tokenizer, chat, device) -
         backend = VLLMBackend(model.policy, device, max_model_len=cfg.env.max_context_tokens, seed=cfg.seed,
                               dtype=dtype)
     elif cfg.rollout.dtype != "auto":
-        raise ConfigError(f"rollout.dtype={cfg.rollout.dtype}: the hf backend samples from the trainer's own "
-                          "weights; use rollout.backend=vllm (make setup installs its CPU build) or rollout.dtype=auto")
+        raise ConfigError(f"rollout.dtype={cfg.rollout.dtype}: rollout.backend={cfg.rollout.backend} samples with hf "
+                          "here (vLLM is not installed or cannot serve this model: the log says which), from the "
+                          "trainer's own weights; add -o rollout.dtype=auto, or install vLLM (make setup: its CPU build)")
     else:
         backend = HFBackend(model.policy, chat.pad_token_id, device)
     settings = RolloutSettings(cfg.env.max_turn_tokens, cfg.env.max_context_tokens,

@@ -9,6 +9,7 @@ the turn, never re-encoded.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -16,8 +17,13 @@ from typing import Any, Protocol
 from agentr1.episode import Trajectory
 from agentr1.rollout.backend import Generation, RolloutBackend, SamplingSpec
 
+log = logging.getLogger("agentr1.train")
+
 # Fewer free positions than this and a new turn is not started (the context is full).
 MIN_TURN_ROOM = 8
+PROGRESS_EVERY_S = 20.0
+"""A rollout still playing this long after its last line says where it is (a pretrained model's
+batch of 100 episodes takes a minute or more; the default model's, a second)."""
 
 
 class ChatLike(Protocol):
@@ -77,6 +83,7 @@ class RolloutEngine:
                                     group=groups[i] if groups else i))
         active = list(range(len(records)))
         turn = 0
+        start = last = time.perf_counter()
         while active:
             active = self._finalize_full(active, trajs, states)
             if not active:
@@ -112,6 +119,10 @@ class RolloutEngine:
                 still.append(i)
             active = still
             turn += 1
+            if stepped - last >= PROGRESS_EVERY_S and active:
+                last = stepped
+                log.info("rollout: %d turn%s played, %d of %d episodes still playing  %.0fs", turn,
+                         "" if turn == 1 else "s", len(active), len(records), stepped - start)
         return trajs
 
     def _finalize_full(self, active: list[int], trajs: list[Trajectory], states: list) -> list[int]:
