@@ -51,6 +51,9 @@ def quiet_third_party() -> None:
     logging.getLogger("vllm").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")  # torch deprecations it trips
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # read when vllm is imported
+    # mlflow sets its own logger's level when it is imported (after this, in a command that loads a
+    # model): from this variable, else INFO ("Creating initial MLflow database tables...").
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     # Read at import by huggingface_hub, so the flows' worker processes inherit it too.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from transformers.utils import logging as hf_logging

@@ -21,6 +21,7 @@ from test_trainer import TINY
 from agentr1.config import ConfigError, load_config
 from agentr1.data.convert import split_of
 from agentr1.data.records import load_dataset
+from agentr1.errors import NotFound
 from agentr1.recipe.ppo import PPOSession
 from agentr1.recipe.warmup import play_demonstrations
 from agentr1.recipe.workspace import ensure_data
@@ -209,6 +210,22 @@ def test_model_references():
     assert parse_model_ref("champion") == ("agentr1-policy", None, "champion")
     assert parse_model_ref("models:/m@best") == ("m", None, "best")
     assert parse_model_ref("models:/m/7") == ("m", "7", None)
+    # no alias has a '/' or '.': a path that is not there is said to be one, not an unknown alias
+    with pytest.raises(NotFound, match="'runs/nope/final': no such directory"):
+        parse_model_ref("runs/nope/final")
+
+
+def test_a_bad_preset_or_override_fails_in_one_line_before_prefect_starts(capsys, monkeypatch):
+    import cli.flows
+
+    monkeypatch.setattr(cli.flows, "use_local_server", lambda: pytest.fail("started Prefect's server first"))
+    from cli.main import main
+
+    assert main(["pipeline", "--preset", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("agentr1: error: preset 'nope': no such config file; presets: [") and "\n" not in err
+    assert main(["pipeline", "--preset", "quick", "-o", "ppo.lr=-1"]) == 2
+    assert "ppo.lr" in capsys.readouterr().err
 
 
 def test_metrics_table_rows_and_gain():

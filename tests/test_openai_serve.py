@@ -204,3 +204,13 @@ def test_streaming_and_refusals_over_http(server):
     huge = httpx.post(f"{server['url']}/chat/completions", content=b" " * (MAX_BODY_BYTES + 1),
                       headers={"Content-Type": "application/json"}, timeout=60)
     assert huge.status_code == 413 and "over" in huge.json()["error"]["message"]
+
+
+def test_serve_names_a_model_it_cannot_find_in_one_line(capsys):
+    from cli.main import main
+
+    assert main(["serve", "--model", "987654"]) == 2  # no such registered version (exit 2, no traceback)
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("agentr1: error: model '987654': no registered") and "agentr1 pipeline" in err
+    assert main(["serve", "--model", "runs/no/such/dir"]) == 2
+    assert "no such directory" in capsys.readouterr().err
