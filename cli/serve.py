@@ -38,9 +38,9 @@ def make_app(completions):  # annotations evaluated here: FastAPI reads them (no
 
     app = FastAPI(title="agentr1", description="the trained agent's policy, OpenAI chat-completions protocol")
 
-    def error(message: str, status: int = 400) -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                       "code": None}}, status_code=status)
+    def error(message: str, status: int = 400, param: str | None = None, code: str | None = None) -> JSONResponse:
+        return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
+                                       "code": code}}, status_code=status)
 
     @app.get("/health")
     def health() -> dict:
@@ -64,6 +64,10 @@ def make_app(completions):  # annotations evaluated here: FastAPI reads them (no
             return error(f"the request body is not JSON ({err})")
         except RecursionError:
             return error("the request body is nested too deeply")
+        asked = body.get("model") if isinstance(body, dict) else None
+        if asked is not None and asked != completions.model_name:  # as OpenAI answers an unknown model id
+            return error(f"The model `{asked}` does not exist; this server serves `{completions.model_name}` "
+                         "(agentr1 serve --name)", 404, "model", "model_not_found")
         try:  # generation holds the CPU for a while: off the event loop, one request at a time
             completion = await run_in_threadpool(completions.create, body)
         except ChatRequestError as err:

@@ -182,6 +182,9 @@ def test_streaming_and_refusals_over_http(server):
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(model="agentr1", **bad)
         assert err.value.status_code == 400 and said in err.value.message
+    with pytest.raises(openai.NotFoundError) as err:  # another model id: 404, as OpenAI's own API says it
+        client.chat.completions.create(model="gpt-4", messages=question)
+    assert err.value.status_code == 404 and err.value.code == "model_not_found" and "`agentr1`" in err.value.message
     import httpx  # a body that is not JSON at all: OpenAI's error object, not a traceback
 
     broken = httpx.post(f"{server['url']}/chat/completions", content=b"{not json",
