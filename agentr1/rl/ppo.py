@@ -202,9 +202,11 @@ says), in this order."""
 
 
 def minibatch_loss(net, batch: RolloutBatch, scored: Scored, hp: PPOHyper, rows: list[int], L: int,
-                   loss_mask: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
-    """The PPO loss of ``rows`` cut to length ``L`` (a mean over ``loss_mask``, which must have a
-    token there, by token or by trajectory) and its :data:`STEP_METRICS`."""
+                   loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, list[float]]:
+    """The PPO loss of ``rows`` cut to length ``L`` in its two parts, each a mean over its own
+    positions (by token or by trajectory): the actor's (policy, entropy, KL) over ``loss_mask``,
+    the critic's (``vf_coef`` x value loss; None for critic-free estimators) over the advantage
+    positions; and its :data:`STEP_METRICS` (the actor's five, then the critic's two)."""
     idx = torch.tensor(rows)
     mask = loss_mask[idx, : L - 1]
     cut = lambda x: x[idx, : L - 1]  # noqa: E731 - per-token tensors of these rows
@@ -220,14 +222,15 @@ def minibatch_loss(net, batch: RolloutBatch, scored: Scored, hp: PPOHyper, rows:
     if not hp.kl_in_reward:
         loss = loss + hp.kl_coef * kl
     vf_m: dict[str, float] = {}
+    critic = None
     if hp.estimator in CRITIC_ESTIMATORS:  # critic-free estimators leave the value head alone
         # The critic learns wherever the estimator reads it, which is where the returns are: the
         # advantage positions (with the advantage mask off, GAE reads values at tool tokens too).
         vf, vf_m = value_loss(values, cut(scored.old_values), cut(scored.returns), cut(advantage_positions(batch, hp)),
                               hp.vf_clip, per_trajectory)
-        loss = loss + hp.vf_coef * vf
-    return loss, [pg_m["pg_loss"], pg_m["pg_clipfrac"], pg_m["ppo_kl"], float(kl.detach()),
-                  float(entropy.detach()), vf_m.get("vf_loss", 0.0), vf_m.get("vf_clipfrac", 0.0)]
+        critic = hp.vf_coef * vf
+    return loss, critic, [pg_m["pg_loss"], pg_m["pg_clipfrac"], pg_m["ppo_kl"], float(kl.detach()),
+                          float(entropy.detach()), vf_m.get("vf_loss", 0.0), vf_m.get("vf_clipfrac", 0.0)]
 
 
 def micro_batches(rows: list[int], k: int) -> list[list[int]]:
@@ -251,14 +254,17 @@ def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Score
     counts it in ``actor/skipped_steps`` and stops the run after too many in a row).
 
     With several processes (each holding the whole batch, the same ``generator`` state) the
-    minibatches are the same; each process takes rows ``mb[rank::world]`` and weighs its mean by
-    its share of the minibatch's tokens (or trajectories, :func:`_loss_weight`), so the summed
-    gradients, the loss and the metrics are the means over the whole minibatch, as on one process.
+    minibatches are the same; each process takes rows ``mb[rank::world]`` and weighs each part of
+    its loss by its share of the minibatch's positions of that part (:func:`_loss_weight`: the
+    actor's over the loss mask, the critic's over the advantage positions, which differ when one
+    mask is off), so the summed gradients, the loss and the metrics are the means over the whole
+    minibatch, as on one process; ``ppo.grad_accum``'s micro-batches likewise.
     """
     net = _network(model, accelerator)
     parallel = _parallel(accelerator)
     params = [q for q in net.parameters() if q.requires_grad]
     loss_mask_full = batch.action_mask if hp.loss_mask else batch.response_mask
+    critic_mask = advantage_positions(batch, hp) if hp.estimator in CRITIC_ESTIMATORS else None
     totals: dict[str, float] = {}
     n_updates = 0
     lengths = batch.attention_mask.sum(dim=1).tolist()
@@ -268,7 +274,8 @@ def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Score
         for mb in length_bucketed_batches(lengths, hp.minibatch_size, generator, bucket=len(lengths)):
             L = max(lengths[i] for i in mb)
             n_tokens = _loss_weight(loss_mask_full, mb, L, hp)
-            if n_tokens == 0:  # nothing to learn from: an optimizer step would only decay weights
+            n_critic = _loss_weight(critic_mask, mb, L, hp) if critic_mask is not None else 0.0
+            if n_tokens == 0 and n_critic == 0:  # nothing to learn from: a step would only decay weights
                 continue
             mine = mb[accelerator.process_index::accelerator.num_processes] if parallel else mb
             step_v = [0.0] * (1 + len(STEP_METRICS))
@@ -278,13 +285,18 @@ def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Score
                 # tokens: the summed gradient is the minibatch's, and the optimizer steps once.
                 for rows in micro_batches(mine, hp.grad_accum):
                     L_rows = max(lengths[i] for i in rows)
-                    n_rows = _loss_weight(loss_mask_full, rows, L_rows, hp)
-                    if not n_rows:
+                    # each part weighs by its share of the minibatch's positions of that part
+                    # (exactly 1.0 on one process, one micro-batch); a part with none here adds nothing
+                    w_actor = _loss_weight(loss_mask_full, rows, L_rows, hp) / n_tokens if n_tokens else 0.0
+                    w_critic = _loss_weight(critic_mask, rows, L_rows, hp) / n_critic if n_critic else 0.0
+                    if not (w_actor or w_critic):
                         continue
-                    weight = n_rows / n_tokens  # exactly 1.0 on one process, one micro-batch
-                    loss, values = minibatch_loss(net, batch, scored, hp, rows, L_rows, loss_mask_full)
-                    share = loss * weight
-                    step_v = [a + b for a, b in zip(step_v, [float(share.detach())] + [v * weight for v in values])]
+                    actor, critic, values = minibatch_loss(net, batch, scored, hp, rows, L_rows, loss_mask_full)
+                    parts = [x * w for x, w in ((actor, w_actor), (critic, w_critic)) if w and x is not None]
+                    share = parts[0] if len(parts) == 1 else parts[0] + parts[1]
+                    weights = [w_actor] * 5 + [w_critic] * 2  # STEP_METRICS: the actor's five, the critic's two
+                    step_v = [a + b for a, b in zip(step_v, [float(share.detach())]
+                                                    + [v * w for v, w in zip(values, weights)])]
                     if math.isfinite(step_v[0]):  # a non-finite one skips the step below anyway
                         accelerator.backward(share)
             if parallel:  # one all-reduce: the minibatch's loss and metrics over every process
