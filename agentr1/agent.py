@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentr1.config import Config
-from agentr1.data.records import MAX_FIELD_CHARS, QARecord
+from agentr1.data.records import MAX_FIELD_CHARS, QARecord, unencodable
 
 if TYPE_CHECKING:
     from agentr1.env.base import Environment
@@ -52,6 +52,8 @@ def check_questions(questions: Sequence[object]) -> list[str]:
             raise ValueError(f"row {row}: field 'question' must be a string, got {type(q).__name__} ({q!r:.40})")
         if not q.strip():
             raise ValueError(f"row {row}: field 'question' is empty")
+        if unencodable(q) is not None:  # a lone surrogate: a JSON \ud800 escape, a non-UTF-8 byte in argv
+            raise ValueError(f"row {row}: field 'question' is not valid Unicode text (a lone surrogate)")
         if len(q) > MAX_QUESTION_CHARS:
             raise ValueError(f"row {row}: field 'question' has {len(q)} characters; at most "
                              f"{MAX_QUESTION_CHARS} are accepted")

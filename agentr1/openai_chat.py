@@ -34,6 +34,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from agentr1.agent import SOURCE
+from agentr1.data.records import QARecord, unencodable
 from agentr1.env.protocol import ANSWER_START, TOOL_CALL_START, format_answer, format_call
 
 if TYPE_CHECKING:
@@ -60,6 +62,8 @@ def _text(content: Any, where: str) -> str:
         raise ChatRequestError(f"{where}.content must be a string or a list of text parts")
     if len(text) > MAX_CONTENT_CHARS:
         raise ChatRequestError(f"{where}.content has {len(text)} characters; at most {MAX_CONTENT_CHARS}")
+    if unencodable(text) is not None:
+        raise ChatRequestError(f"{where}.content is not valid Unicode text (a lone surrogate)")
     return text
 
 
@@ -72,10 +76,20 @@ def _call_turn(message: Mapping, where: str) -> str:
     if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
         raise ChatRequestError(f"{where}.tool_calls[0].function.name must be a string")
     arguments = function.get("arguments", "{}")
+    for field, value in (("name", function["name"]), ("arguments", arguments)):
+        size = len(value) if isinstance(value, str) else len(json.dumps(value, default=str)) if value else 0
+        if size > MAX_CONTENT_CHARS:  # tokenised whole before the context check: bounded like content
+            raise ChatRequestError(f"{where}.tool_calls[0].function.{field} has {size} characters; "
+                                   f"at most {MAX_CONTENT_CHARS}")
+        if isinstance(value, str) and unencodable(value) is not None:
+            raise ChatRequestError(f"{where}.tool_calls[0].function.{field} is not valid Unicode text")
     try:
         arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-    except json.JSONDecodeError as err:
-        raise ChatRequestError(f"{where}.tool_calls[0].function.arguments is not JSON ({err.msg})") from None
+    except ValueError as err:  # JSONDecodeError, and an integer over Python's digit limit
+        raise ChatRequestError(f"{where}.tool_calls[0].function.arguments is not JSON "
+                               f"({getattr(err, 'msg', err)})") from None
+    except RecursionError:
+        raise ChatRequestError(f"{where}.tool_calls[0].function.arguments is nested too deeply") from None
     if not isinstance(arguments, dict):
         raise ChatRequestError(f"{where}.tool_calls[0].function.arguments must be a JSON object")
     return format_call(function["name"], arguments)
@@ -160,8 +174,11 @@ class ChatCompletions:
     def _prompt(self, messages: Sequence[Any]) -> list[int]:
         engine = self.agent.engine
         system, question, turns = episode(messages)
-        chat = engine.chat
-        ids = list(chat.prompt_ids(self.agent.env.system_turn() if system is False else system, question))
+        chat, env = engine.chat, self.agent.env
+        # The question as every episode puts it (the environment's user prompt), as in training,
+        # `agentr1 ask` and the MLflow model.
+        record = QARecord(id="0", question=question, answers=(), supporting_docs=(), hops=1, source=SOURCE)
+        ids = list(chat.prompt_ids(env.system_turn() if system is False else system, env.user_prompt(record)))
         for text, observation in turns:
             turn = chat.turn_ids(text)
             ids += turn
@@ -178,10 +195,16 @@ class ChatCompletions:
         if not isinstance(request, Mapping):
             raise ChatRequestError("the request body must be a JSON object")
         offered = tool_names(request.get("tools"))
-        temperature = request.get("temperature", 0.0)
-        top_p = request.get("top_p", 1.0)
-        seed = request.get("seed", 0)
-        limit = request.get("max_completion_tokens", request.get("max_tokens"))
+        settings = self.agent.engine.settings
+
+        def given(key: str, default: Any) -> Any:  # a null field is an unset one, as in OpenAI's API
+            value = request.get(key)
+            return default if value is None else value
+
+        temperature = given("temperature", 0.0)
+        top_p = given("top_p", settings.top_p)  # the run's, as `agentr1 ask` samples
+        seed = given("seed", 0)
+        limit = given("max_completion_tokens", request.get("max_tokens"))
         for name, value, ok in (("temperature", temperature, lambda v: 0 <= v <= 2),
                                 ("top_p", top_p, lambda v: 0 < v <= 1),
                                 # a seed torch can take (JSON 1e20 is an integral float)
@@ -190,10 +213,9 @@ class ChatCompletions:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
                                       or not (isinstance(value, int) or math.isfinite(value)) or not ok(value)):
                 raise ChatRequestError(f"{name}: {value!r} is out of range")
-        if request.get("n", 1) != 1:
+        if given("n", 1) != 1:
             raise ChatRequestError("n: this model returns one choice")
-        settings = self.agent.engine.settings
-        prompt = self._prompt(request.get("messages"))
+        prompt = self._prompt(request.get("messages"))  # ChatFormat encodes one request at a time
         room = settings.max_context_tokens - len(prompt)
         if room < 1:
             raise ChatRequestError(f"messages: {len(prompt)} tokens fill the model's context of "

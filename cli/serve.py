@@ -60,7 +60,7 @@ def make_app(completions):  # annotations evaluated here: FastAPI reads them (no
                 return error(f"the request body is over {MAX_BODY_BYTES} bytes", 413)
         try:
             body = json.loads(bytes(raw))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        except ValueError as err:  # not JSON, not UTF-8, or an integer over Python's 4,300-digit limit
             return error(f"the request body is not JSON ({err})")
         except RecursionError:
             return error("the request body is nested too deeply")

@@ -32,6 +32,7 @@ Three things depend on the vocabulary and template, and are decided here once:
 from __future__ import annotations
 
 import re
+import threading
 
 from transformers import PreTrainedTokenizerBase
 
@@ -89,6 +90,11 @@ class ChatFormat:
         if not tokenizer.chat_template:
             raise ValueError(f"{type(tokenizer).__name__} has no chat_template: ChatFormat needs one")
         self.tokenizer = tokenizer
+        # One encoding at a time: a fast tokenizer's split_special_tokens is a switch on the shared
+        # Rust tokenizer, so a server's concurrent requests (the OpenAI endpoint's thread pool,
+        # MLflow's scoring server) could encode a prompt's control tokens as text, or a tool
+        # result's as control tokens.
+        self._lock = threading.RLock()
         self.tools = tools
         self.tools_in_system = bool(tools) and not self._template_renders_tools()
         self._obs_before, self._obs_after = self._observation_frame()
@@ -123,7 +129,8 @@ class ChatFormat:
         return _TOOL_PROBE in text
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        with self._lock:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _encode_data(self, texts: list[str]) -> list[list[int]]:
         """Environment text as plain text: special-token strings inside it stay ordinary pieces,
@@ -131,7 +138,9 @@ class ChatFormat:
         ``</tool_response>``), which ``split_special_tokens`` leaves whole."""
         if not texts:
             return []
-        enc = [list(x) for x in self.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]]
+        with self._lock:
+            enc = [list(x) for x in self.tokenizer(texts, add_special_tokens=False,
+                                                   split_special_tokens=True)["input_ids"]]
         if self._plain_markup is not None:
             for k, text in enumerate(texts):
                 if self._plain_markup.search(text):
@@ -143,7 +152,9 @@ class ChatFormat:
         encoded character by character, so it can never become the token itself."""
         pieces = [q for k, part in enumerate(parts) for q in (list(part) if k % 2 else [part]) if q]
         ids: list[int] = []
-        for x in self.tokenizer(pieces, add_special_tokens=False, split_special_tokens=True)["input_ids"]:
+        with self._lock:
+            encoded = self.tokenizer(pieces, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        for x in encoded:
             ids.extend(x)
         return ids
 
@@ -290,4 +301,5 @@ class ChatFormat:
     def _encode_many(self, texts: list[str]) -> list[list[int]]:
         if not texts:
             return []
-        return [list(x) for x in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        with self._lock:
+            return [list(x) for x in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]

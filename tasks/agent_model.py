@@ -87,7 +87,7 @@ class AgentModel(mlflow.pyfunc.PythonModel):
                 if len(rows) != 1:
                     raise ValueError(f"field {shape!r}: one conversation per request, got {len(rows)}")
                 questions = check_request([question_of(rows[0], shape)], temperature)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: int(float("inf"))
             raise MlflowException(str(exc), INVALID_PARAMETER_VALUE) from None
         episodes = self.agent.play(questions, temperature=temperature, seed=seed)
         if self.trace_experiment:

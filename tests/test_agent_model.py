@@ -209,6 +209,15 @@ def test_bad_input_is_an_invalid_parameter_error(model, frame, says):
     assert err.value.error_code == "INVALID_PARAMETER_VALUE" and says in err.value.message
 
 
+def test_a_lone_surrogate_is_an_invalid_parameter_error(model):
+    """A JSON \\ud800 escape in an agent request (pandas itself refuses one in a column) is a 4xx
+    naming the field, not a tokenizer's TypeError."""
+    request = pd.DataFrame({"input": [[{"role": "user", "content": "\ud800 who?"}]]})
+    with pytest.raises(MlflowException) as err:  # the model itself, as a scoring server hands it a request
+        model.unwrap_python_model().predict(None, request)
+    assert err.value.error_code == "INVALID_PARAMETER_VALUE" and "not valid Unicode" in err.value.message
+
+
 def test_negative_temperature_is_refused(model, world):
     with pytest.raises(MlflowException, match="temperature"):
         model.predict(pd.DataFrame({"question": _questions(world, 1)}), params={"temperature": -1.0})
@@ -312,3 +321,5 @@ def test_ask_cli_refuses_unknown_models_and_empty_questions(world, capsys):
     assert "no registered" in capsys.readouterr().err
     assert main(["ask", "--model", str(world["policy"]), ""]) == 2
     assert "empty" in capsys.readouterr().err
+    assert main(["ask", "--model", str(world["policy"]), "\udcff who?"]) == 2  # a non-UTF-8 byte in argv
+    assert "not valid Unicode" in capsys.readouterr().err

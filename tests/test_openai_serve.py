@@ -112,7 +112,7 @@ def server(request, tmp_path_factory):
     deadline = time.time() + 30
     while not srv.started and time.time() < deadline:
         time.sleep(0.05)
-    yield {"url": f"http://127.0.0.1:{port}/v1", "test": ws.split("test"), "env": agent.env}
+    yield {"url": f"http://127.0.0.1:{port}/v1", "test": ws.split("test"), "env": agent.env, "agent": agent}
     srv.should_exit = True
     thread.join(timeout=10)
 
@@ -217,3 +217,68 @@ def test_serve_names_a_model_it_cannot_find_in_one_line(capsys):
     assert err.startswith("agentr1: error: model '987654': no registered") and "agentr1 pipeline" in err
     assert main(["serve", "--model", "runs/no/such/dir"]) == 2
     assert "no such directory" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_endpoint_prompts_as_training_did_and_concurrent_requests_do_not_mix(server):
+    """The question reaches the policy as every episode puts it (the environment's user prompt,
+    as in training and `agentr1 ask`), and concurrent requests get each its own prompt: the
+    tokenizer's special-token switch is shared (a review saw 19 of 360 threaded prompts with
+    <|im_start|> spelled out as text)."""
+    from agentr1.agent import SOURCE
+    from agentr1.data.records import QARecord
+    from agentr1.openai_chat import ChatCompletions
+
+    agent = server["agent"]
+    completions, chat, env = ChatCompletions(agent, "agentr1"), agent.engine.chat, agent.env
+    q = server["test"][0].question
+    record = QARecord(id="0", question=q, answers=(), supporting_docs=(), hops=1, source=SOURCE)
+    assert completions._prompt([{"role": "user", "content": q}]) == chat.prompt_ids(env.system_turn(),
+                                                                                    env.user_prompt(record))
+    big = "founded by Romilga. " * 4000  # a long tool result: encoded as data, with split_special_tokens
+    with_tool = [{"role": "user", "content": q},
+                 {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+                     "name": "search", "arguments": json.dumps({"query": q[:20]})}}]},
+                 {"role": "tool", "tool_call_id": "c", "content": big}]
+    plain = [{"role": "user", "content": q * 40}]
+    expected = {0: completions._prompt(with_tool), 1: completions._prompt(plain)}
+    wrong: list[int] = []
+
+    def worker(k: int) -> None:
+        for _ in range(40):
+            if completions._prompt(with_tool if k % 2 == 0 else plain) != expected[k % 2]:
+                wrong.append(k)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
+
+
+@pytest.mark.slow
+def test_hostile_request_fields_are_refused_not_crashed_on(server):
+    """Null sampling fields mean their defaults (as in OpenAI's API); text that is not valid
+    Unicode, numbers past Python's digit limit and nesting past its recursion limit inside a tool
+    call's arguments, and oversized arguments are HTTP 400 naming the field: never a 500."""
+    import httpx
+
+    question = [{"role": "user", "content": server["test"][1].question}]
+    post = lambda body: httpx.post(f"{server['url']}/chat/completions", content=body.encode(),  # noqa: E731
+                                   headers={"Content-Type": "application/json"}, timeout=60)
+    for field in ("temperature", "top_p", "seed", "n", "max_tokens"):
+        assert post(json.dumps({"messages": question, field: None})).status_code == 200, field
+
+    def call(arguments: str) -> str:
+        return json.dumps({"messages": [*question, {"role": "assistant", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "search", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "x"}]})
+
+    for body, said in (('{"messages": [{"role": "user", "content": "\\ud800 who?"}]}', "not valid Unicode"),
+                       (f'{{"messages": {json.dumps(question)}, "seed": {"1" * 5000}}}', "not JSON"),
+                       (call('{"query": ' + "1" * 5000 + "}"), "function.arguments is not JSON"),
+                       (call("[" * 50_000 + "]" * 50_000), "nested too deeply"),
+                       (call(json.dumps({"query": "x" * 200_000})), "function.arguments has 200")):
+        answer = post(body)
+        assert answer.status_code == 400 and said in answer.json()["error"]["message"], (said, answer.text[:200])

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from agentr1.data.records import DataError, Document, QARecord, _unencodable, write_dataset
+from agentr1.data.records import DataError, Document, QARecord, unencodable, write_dataset
 
 DEFAULT_SPLIT = "dev"
 DOC_ID_CHARS = 16
@@ -100,7 +100,7 @@ def read_rows(path: str | os.PathLike) -> Iterator[_Row]:
 def _checked_text(row: _Row) -> _Row:
     """The row, unless a string in it (a key included) is not encodable text: JSON's lone-surrogate
     escapes (``\\ud800``) decode to strings no writer or tokenizer takes."""
-    bad = _unencodable(row.obj)
+    bad = unencodable(row.obj)
     if bad is not None:
         field, at = bad
         raise row.error(field or "(record)", f"holds a lone surrogate (a JSON \\udXXX escape that is not half of "

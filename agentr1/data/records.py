@@ -312,7 +312,7 @@ def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, Any, DataErr
                 column = min(e.pos, len(text.rstrip("\r\n"))) + 1
                 yield number, None, DataError(path, number, None, f"not valid JSON ({e.msg} at column {column})")
                 continue
-            bad = _unencodable(obj)
+            bad = unencodable(obj)
             if bad is not None:
                 field_name, at = bad
                 yield number, None, DataError(path, number, field_name or None,
@@ -322,7 +322,7 @@ def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, Any, DataErr
             yield number, obj, None
 
 
-def _unencodable(obj: Any, where: str = "") -> tuple[str, int] | None:
+def unencodable(obj: Any, where: str = "") -> tuple[str, int] | None:
     """The first string in ``obj`` (keys included) that UTF-8 cannot encode, as (field path,
     character index), or None. JSON's ``\\ud800`` escape decodes to a lone surrogate, which
     every later writer and tokenizer refuses: the one reader of every record file stops it here."""
@@ -336,8 +336,8 @@ def _unencodable(obj: Any, where: str = "") -> tuple[str, int] | None:
     for key, value in items:
         name = f"{where}.{key}" if where and isinstance(key, str) else f"{where}[{key}]" if not isinstance(key, str) \
             else key
-        found = _unencodable(key, name) if isinstance(key, str) else None
-        found = found or _unencodable(value, name)
+        found = unencodable(key, name) if isinstance(key, str) else None
+        found = found or unencodable(value, name)
         if found:
             return found
     return None
