@@ -183,6 +183,21 @@ def train_top_layers(model: ActorCritic, trainable_layers: int | None) -> ActorC
     return model
 
 
+def without_dropout(model: nn.Module) -> int:
+    """Set every dropout in ``model`` to 0 (``nn.Dropout`` modules, LoRA's ``lora_dropout``
+    included, and the attention's own rate); returns how many were not 0. PPO compares the
+    policy's log-probs in the update with those scored before it: with dropout on in one and not
+    the other, the ratio is noise before any step (peft's LoRA default is 0.05)."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, nn.Dropout) and module.p:
+            module.p, changed = 0.0, changed + 1
+        rate = getattr(module, "attention_dropout", None)
+        if isinstance(rate, float) and rate:
+            module.attention_dropout, changed = 0.0, changed + 1
+    return changed
+
+
 def attention_for_precision(model: ActorCritic, device: torch.device, mixed_precision: str) -> str:
     """Choose the attention kernel for training at ``mixed_precision`` on ``device``; returns it.
 

@@ -167,6 +167,24 @@ def test_a_corrupt_batch_stops_agentr1_train_before_its_update(data_dir, warm, t
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["best"] and not (out / "final").exists()
 
 
+@pytest.mark.slow
+def test_a_resumed_run_goes_on_counting_non_finite_steps_in_a_row(data_dir, warm, tmp_path):
+    """The guard's count of skipped steps in a row is part of the checkpoint: a run one skipped
+    step from stopping must not get a fresh allowance by being resumed."""
+    from agentr1.recipe.ppo import PPOSession, run_ppo
+
+    out = run_with_warmup(warm, tmp_path / "run")
+    cfg = load_config("conf/train.yaml", overrides(data_dir, out, "ppo.iterations=2"))
+    ws = Workspace.build(cfg)
+    session = run_ppo(PPOSession(cfg, ws), 1)
+    session.guard.in_row = cfg.max_nonfinite_steps - 1
+    session.save()
+    resumed = PPOSession(cfg, ws)
+    assert resumed.iteration == 1 and resumed.guard.in_row == cfg.max_nonfinite_steps - 1
+    with pytest.raises(TrainingDiverged, match="in a row"):
+        resumed.guard.ok(float("nan"))
+
+
 # ----------------------------------------------------------------------------- run directories
 
 

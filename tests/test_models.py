@@ -443,6 +443,25 @@ def test_lora_trains_only_adapters_and_value_head(qwen_dir, tmp_path):
     assert all("lora_" in n or n.startswith("value_head.") for n, p in reloaded.named_parameters() if p.requires_grad)
 
 
+def test_ppo_takes_dropout_out_so_the_ratio_starts_at_one(qwen_dir):
+    """peft's LoRA dropout (0.05 by default) made the update's log-probs differ from the scored
+    ones before any step: PPO's clipping then fired on noise. Without dropout the train-mode
+    forward is the eval-mode one."""
+    from models.policy import without_dropout
+
+    model, qtok = load_pretrained(qwen_dir, lora=LoraSpec(r=4, alpha=8))  # the default dropout
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # a trained adapter (B starts at 0, where dropout changes nothing)
+    x = torch.randint(0, len(qtok), (2, 12))
+    scored = model.eval()(x)[0]
+    torch.manual_seed(0)
+    assert not torch.allclose(model.train()(x)[0], scored, atol=1e-4)  # dropout on: another function
+    assert without_dropout(model) > 0 and without_dropout(model) == 0
+    torch.testing.assert_close(model.train()(x)[0], scored)
+
+
 def test_pretrained_warm_up_without_steps_plays_no_expert(qwen_dir, tmp_path):
     """sft.steps=0 on a pretrained model with no value fit: the warm-up only saves the model
     with a value head; the scripted expert never runs."""

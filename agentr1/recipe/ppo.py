@@ -117,7 +117,7 @@ class PPOSession:
 
     def __init__(self, cfg: Config, ws: Workspace):
         from models.chat import ChatFormat
-        from models.policy import attention_for_precision, load_actor_critic, train_top_layers
+        from models.policy import attention_for_precision, load_actor_critic, train_top_layers, without_dropout
 
         self.cfg, self.ws = cfg, ws
         check_dev_split(cfg, ws)  # before anything is loaded, not at the first evaluation
@@ -135,6 +135,8 @@ class PPOSession:
         start_dir = self.last / ckpt.POLICY_DIR if resume else out / WARMUP_DIR
         model, self.tokenizer = load_actor_critic(start_dir, device=ws.device)
         train_top_layers(model, cfg.model.trainable_layers)
+        if without_dropout(model):
+            log.info("PPO: dropout set to 0 in the policy (old and new log-probs must come from the same function)")
         self.ref_model, _ = load_actor_critic(out / WARMUP_DIR, device=ws.device)
         self.ref_model.eval().requires_grad_(False)
         share_frozen_layers(model, self.ref_model, out / WARMUP_DIR)
@@ -158,6 +160,7 @@ class PPOSession:
             self.iteration = state["iteration"]
             saved = ckpt.load_state(self.last)
             self.history, self.dev_start = saved.get("history", []), saved.get("dev_start")
+            self.guard.in_row = saved.get("skipped_in_row", 0)  # non-finite steps in a row go on counting
             log.info("resuming PPO at iteration %d (%s)", self.iteration, self.last)
         self.kl_coef = p.kl_coef
         if p.kl_target is not None and self.history:  # the controller's next value, as it was left
@@ -337,7 +340,7 @@ class PPOSession:
             ckpt.save_checkpoint(self.last, lambda d: save_actor_critic(self.policy, self.tokenizer, d),
                                  self.optimizer, self.scheduler, self.iteration,
                                  {"history": self.history, "config": ppo_identity(self.cfg),
-                                  "dev_start": self.dev_start},
+                                  "dev_start": self.dev_start, "skipped_in_row": self.guard.in_row},
                                  policy_bytes=ckpt.tensor_bytes(self.policy.state_dict()))
         self.acc.wait_for_everyone()
         return self.last
