@@ -21,6 +21,7 @@ question: :func:`responses_output` (MLflow's ``ResponsesAgent``: ``function_call
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -63,8 +64,8 @@ def check_questions(questions: Sequence[object]) -> list[str]:
 
 def check_request(questions: Sequence[object], temperature: float) -> list[str]:
     """:func:`check_questions`, and a temperature that is a number >= 0 (0: greedy)."""
-    if not temperature >= 0:  # also refuses NaN
-        raise ValueError(f"temperature must be a number >= 0, got {temperature}")
+    if not 0 <= temperature < math.inf:  # also refuses NaN
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
     return check_questions(questions)
 
 

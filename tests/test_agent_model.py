@@ -218,9 +218,10 @@ def test_a_lone_surrogate_is_an_invalid_parameter_error(model):
     assert err.value.error_code == "INVALID_PARAMETER_VALUE" and "not valid Unicode" in err.value.message
 
 
-def test_negative_temperature_is_refused(model, world):
-    with pytest.raises(MlflowException, match="temperature"):
-        model.predict(pd.DataFrame({"question": _questions(world, 1)}), params={"temperature": -1.0})
+@pytest.mark.parametrize("temperature", [-1.0, float("inf")])
+def test_a_temperature_out_of_range_is_refused(model, world, temperature):
+    with pytest.raises(MlflowException, match="temperature must be a finite number >= 0"):
+        model.predict(pd.DataFrame({"question": _questions(world, 1)}), params={"temperature": temperature})
 
 
 def test_another_corpus_at_load_time(registered, world, tmp_path):
