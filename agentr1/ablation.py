@@ -39,14 +39,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agentr1.config import Config, ConfigError, Estimator, _format_validation_error, apply_overrides, config_hash
 from agentr1.fsutil import write_json
 from agentr1.metrics import CURVE_KEYS
-from agentr1.rundir import claim
+from agentr1.rundir import CURVE_POINTS_FILE, JOB_FILE, RESULT_FILE, claim
 
 Kind = Literal["rl", "base", "naive_rag"]
 MetricsFn = Callable[[dict[str, float], int], None]
 
-JOB_FILE = "job.json"
-RESULT_FILE = "result.json"
-CURVE_FILE = "curve.jsonl"
 RUNS_DIR = "runs"
 WARMUP_DIR = "warmup"
 FINAL_TAG = "final"
@@ -241,7 +238,7 @@ def train_rl(job: Job, ws, log_metrics: MetricsFn | None = None, stop_after: int
     session = PPOSession(cfg, ws)
     marks = eval_iterations(cfg.ppo.iterations, job.curve.every)
     records = curve_records(ws, job.curve)
-    path = job.run_dir / CURVE_FILE
+    path = job.run_dir / CURVE_POINTS_FILE
     curve = [p for p in read_jsonl(path) if p["iteration"] <= session.iteration]
 
     def measure(s) -> None:
@@ -295,7 +292,7 @@ def run_job(job: Job, ws, warmup_dir: str | Path, log_metrics: MetricsFn | None 
 
             engine = make_engine(cfg, ws.env, *policy, ws.device)
         curve = [curve_point(engine, records, cfg, 0, 0.0)]
-        write_json(job.run_dir / CURVE_FILE, curve)
+        write_json(job.run_dir / CURVE_POINTS_FILE, curve)
     metrics = run_eval(cfg, ws, *policy, FINAL_TAG, engine=engine).metrics
     result = {"variant": job.variant, "seed": job.seed, "kind": job.kind, "split": cfg.eval.split,
               "status": "resumed" if resumed else "trained",

@@ -21,11 +21,15 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from filelock import FileLock
+
 from agentr1.errors import DamagedError, NoSpaceError  # noqa: F401 (DamagedError: raised here, imported from here)
 
 
 TMP_INFIX = ".tmp-"
 OLD_INFIX = ".old-"
+LOCK_SUFFIX = ".lock"
+LOCK_DIR = Path(tempfile.gettempdir()) / "agentr1-locks"  # writer_lock's files
 
 
 def umask() -> int:
@@ -160,25 +164,37 @@ def atomic_dir(final: str | Path, write: Callable[[Path], None], manifest: bool 
     :class:`NoSpaceError` naming ``final`` (the temporary is removed: nothing half-written stays)."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    recover_dir(final)
-    if need is not None:
-        ensure_space(final.parent, need)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}{TMP_INFIX}", dir=final.parent))
-    try:
-        as_created(tmp, directory=True)
-        write(tmp)
-        if manifest:
-            write_manifest(tmp)
-        replace_dir(tmp, final)
-    except BaseException as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if _out_of_space(err, final.parent):
-            free = shutil.disk_usage(final.parent).free
-            raise NoSpaceError(f"{final}: no space left on the device while writing it ({_size(free)} free"
-                               + (f", ~{_size(need)} needed" if need else "") + "): nothing was written; free "
-                               "space on that device, or choose another output_dir") from err
-        raise
+    with writer_lock(final):  # another process's half-written temporary is not a leftover to clear
+        recover_dir(final)
+        if need is not None:
+            ensure_space(final.parent, need)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}{TMP_INFIX}", dir=final.parent))
+        try:
+            as_created(tmp, directory=True)
+            write(tmp)
+            if manifest:
+                write_manifest(tmp)
+            replace_dir(tmp, final)
+        except BaseException as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if _out_of_space(err, final.parent):
+                free = shutil.disk_usage(final.parent).free
+                raise NoSpaceError(f"{final}: no space left on the device while writing it ({_size(free)} free"
+                                   + (f", ~{_size(need)} needed" if need else "") + "): nothing was written; free "
+                                   "space on that device, or choose another output_dir") from err
+            raise
     return final
+
+
+def writer_lock(final: str | Path) -> FileLock:
+    """The lock every process on this machine holds while it writes ``final`` (re-entrant in a
+    process): two runs making the same ``data.dir`` at once, a nightly retrain and a manual
+    pipeline, take turns instead of clearing each other's half-written directory. The lock file
+    is named by the path's digest in the temporary directory, not put beside ``final``: nothing
+    is left in the user's directories, as a failed write must leave nothing."""
+    key = hashlib.sha256(str(Path(final).resolve()).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(LOCK_DIR / f"{key}{LOCK_SUFFIX}"), is_singleton=True)
 
 
 def recover_dir(final: str | Path) -> Path:
@@ -186,7 +202,8 @@ def recover_dir(final: str | Path) -> Path:
     it anywhere): without ``final``, the newest complete moved-aside version is put back; then
     every ``.<name>.tmp-*`` (half-written) and ``.<name>.old-*`` (superseded) sibling goes.
 
-    Only names this module makes are touched. Not for a directory two processes write at once.
+    Only names this module makes are touched. Call it holding :func:`writer_lock` when another
+    process may be writing ``final`` (:func:`atomic_dir` does).
     """
     final = Path(final)
     if not final.parent.is_dir():
@@ -226,8 +243,12 @@ def atomic_file(final: str | Path, write: Callable[[Path], None]) -> Path:
     return final
 
 
+def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) whole or not at all."""
+    return atomic_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
 def write_json(path: str | Path, obj) -> Path:
     """Write JSON (an object, or a list as JSON lines) whole or not at all."""
-    text = ("".join(json.dumps(o) + "\n" for o in obj) if isinstance(obj, list)
-            else json.dumps(obj, indent=1, sort_keys=True))
-    return atomic_file(path, lambda tmp: tmp.write_text(text))
+    return write_text(path, "".join(json.dumps(o) + "\n" for o in obj) if isinstance(obj, list)
+                      else json.dumps(obj, indent=1, sort_keys=True))

@@ -34,11 +34,17 @@ SELECTED_FILE = "selected.json"
 HISTORY_FILE = "metrics.jsonl"  # one JSON object of metrics per PPO iteration
 CURVE_FILE = "learning_curve.png"
 SUMMARY_FILE = "summary.json"
+DOWNLOADS_DIR = "registry"  # registered policies fetched to compare or evaluate
+JOB_FILE, RESULT_FILE, CURVE_POINTS_FILE = "job.json", "result.json", "curve.jsonl"  # an ablation run's
+ABLATION_REPORT = ("results.md", "results.csv", "curves.csv", "efficiency.json", "curves.png")  # an ablation root's
+SUITE_REPORT = ("results.md", "results.csv", "suite.json")  # a suite root's
 RUN_OUTPUTS = frozenset({
     WARMUP_DIR, "checkpoints", FINAL_DIR, "rollouts", "runs", SUMMARY_FILE, HISTORY_FILE, CURVE_FILE,
-    "curve.jsonl", "job.json", "result.json", "downloads",
+    CURVE_POINTS_FILE, JOB_FILE, RESULT_FILE, DOWNLOADS_DIR, *ABLATION_REPORT, *SUITE_REPORT,
 })
-"""Names a run writes at the top of its directory (besides ``eval_*.json``/``trajectories_*.txt``)."""
+"""Names a run, an ablation or a suite writes at the top of its directory (besides
+``eval_*.json``/``trajectories_*.txt`` and a suite's ``<task>.yaml``): a directory that holds one
+and is not ours is refused."""
 
 # Keys that do not change what a stage computes: where it writes, how long it goes on, how
 # often it checkpoints or records traces, and how the result is evaluated afterwards.

@@ -11,11 +11,12 @@ from pathlib import Path
 
 from prefect import flow
 
+from agentr1.rundir import DOWNLOADS_DIR, claim_run_dir
 from flows.pipeline import run_name, run_tags
 from tasks import tracking
 from tasks.data import prepare_data, validate_data
 from tasks.params import DataSource, EvaluateParams, resolve_config
-from tasks.registry import DOWNLOADS_DIR, fetch_model, qualified_ref
+from tasks.registry import fetch_model, qualified_ref
 from tasks.report import SUMMARY_METRICS, metrics_table, publish_summary
 from tasks.training import evaluate_policy
 
@@ -29,6 +30,7 @@ def evaluate(params: EvaluateParams = EvaluateParams()) -> dict:
         tracking.log_config(run_id, cfg)
         data = prepare_data(cfg, DataSource(version=False), run_id)
         validate_data(data)
+        claim_run_dir(cfg.output_dir)  # writes eval_<label>.json and registry/ there: ours, or refused
         ref = qualified_ref(params.model, tracking.model_name(cfg.env.kind))  # "champion": of this config's environment
         label, policy_dir = fetch_model(ref, str(Path(cfg.output_dir) / DOWNLOADS_DIR))
         tracking.set_tags(run_id, {"model": params.model, "model_label": label, "split": params.split})

@@ -23,10 +23,11 @@ from agentr1.config import Config
 from agentr1.metrics import HEADLINE_KEYS
 from agentr1.recipe.outputs import final_selection, write_summary
 from agentr1.rl.guard import TrainingDiverged
+from agentr1.rundir import DOWNLOADS_DIR
 from tasks import tracking
 from tasks.data import DataVersion, prepare_data, validate_data
 from tasks.params import PipelineParams, TrainForm, resolve_config
-from tasks.registry import DOWNLOADS_DIR, Promotion, fetch_model, promote_if_better, qualified_ref, register_policy
+from tasks.registry import Promotion, fetch_model, promote_if_better, qualified_ref, register_policy
 from tasks.report import metrics_table, publish_summary
 from tasks.training import (IterationResult, evaluate_baselines, evaluate_policy, ppo_iterations, save_final_policy,
                             warm_up)

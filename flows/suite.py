@@ -19,6 +19,7 @@ import time
 from prefect import flow
 
 from agentr1.metrics import EM_KEYS
+from agentr1.rundir import claim_run_dir
 from agentr1.suite import mean_gain, task_row
 from flows.ablation import ERROR_CHARS, ablation, command_line
 from flows.pipeline import run_name
@@ -39,6 +40,7 @@ def suite(params: SuiteParams = SuiteParams()) -> dict:
     """Run (or resume) every task of the preset and publish the suite table."""
     t0 = time.time()
     spec = load_suite(params)
+    claim_run_dir(spec.output_dir)  # the task presets and the suite's tables go there: ours, or refused
     tags = {**flow_tags(), tracking.TAG_SUITE_PRESET: params.preset, "suite.root": spec.output_dir,
             tracking.TAG_STUDY: spec.study}
     with tracking.start_run(tracking.EXPERIMENTS["ablation"], run_name("suite"), tags=tags) as run_id:

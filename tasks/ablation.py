@@ -67,7 +67,8 @@ from agentr1.config import (
 from tasks import tracking
 from tasks.params import REPO_ROOT, DataSource, preset_path
 from agentr1.env.registry import resolve
-from agentr1.rundir import HISTORY_FILE, claim_run_dir
+from agentr1.fsutil import write_text
+from agentr1.rundir import ABLATION_REPORT, HISTORY_FILE, claim_run_dir
 from agentr1.recipe.warmup import finished_warmup
 from tasks.training import metrics_logger, warm_up, workspace
 
@@ -76,8 +77,7 @@ log = logging.getLogger("agentr1.tasks.ablation")
 ABLATION_CONF = Path("conf") / "ablation"
 DEFAULT_PRESET = "quick"
 ROOT_FILE = "ablation.json"
-REPORT_FILES = ("results.md", "results.csv", "curves.csv", "efficiency.json")
-PLOT_FILE = "curves.png"
+REPORT_FILES, PLOT_FILE = ABLATION_REPORT[:-1], ABLATION_REPORT[-1]  # the tables, and the curves' plot
 
 
 class _Form(BaseModel):
@@ -419,9 +419,9 @@ def write_report(spec: AblationSpec, cfg: Config, results: list[dict], failures:
     plot_ablation_curves(rl, paths[PLOT_FILE], baselines, split=spec.curve.split,
                          title=f"ablation `{spec.output_dir}`: held-out exact match (mean ± std over seeds)")
     text = report_markdown(spec, cfg, results, failures, rows, eff, wall_s, command, paths[PLOT_FILE], against)
-    paths["results.md"].write_text(text)
-    paths["results.csv"].write_text(results_csv(rows))
-    paths["curves.csv"].write_text(curves_csv(results))
+    write_text(paths["results.md"], text)
+    write_text(paths["results.csv"], results_csv(rows))
+    write_text(paths["curves.csv"], curves_csv(results))
     write_json(paths["efficiency.json"], {**eff.to_dict(), "against": [e.to_dict() for e in against]})
     return text, eff, paths
 

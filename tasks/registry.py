@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("agentr1.tasks.registry")
 
 MODELS_URI = "models:/"
-DOWNLOADS_DIR = "registry"  # under the run directory: fetched registered policies
 CHECKPOINT_LABEL = "checkpoint"
 WEIGHT_FILES = "*.safetensors"  # the policy (maybe sharded or a LoRA adapter) and value_head.safetensors
 FINAL_EVAL = "eval/final/"  # where a training run logs its own policy's scores (tasks.training)

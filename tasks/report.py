@@ -7,6 +7,7 @@ artifacts of every run of a flow on the UI's Artifacts page.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from agentr1.metrics import HEADLINE_KEYS
 from agentr1.report import (BASELINE_LABELS, DIRTY, EXPORT_SUFFIX, STUDY_NAME, Provenance, RunRecord, Study,
                             export_text, read_export, render_study, variant_order)
 from tasks import tracking
+
+log = logging.getLogger("agentr1.report")
 
 MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"
 PREFECT_UI_DEFAULT = "http://127.0.0.1:4200"
@@ -207,6 +210,24 @@ def study_runs(study: str | None = None, run_ids: list[str] | None = None) -> li
     return runs
 
 
+def _newest_per_cell(runs: list, records_of) -> list[RunRecord]:
+    """The records of ``runs`` (newest first), one per cell (variant, warm-up, seed, config): an
+    ablation or suite run again in the same directory (to add a seed, or just again) logs every
+    cell anew, reused from disk, and counting both would weigh those cells twice."""
+    seen: dict[tuple, str] = {}
+    out = []
+    for run in runs:
+        for rec in records_of(run):
+            cell = (rec.variant, rec.warmup, rec.seed, rec.provenance.config_hash)
+            if cell in seen:
+                log.info("study: %s seed %d (%s) of run %s is also in the newer run %s: counted once", rec.variant,
+                         rec.seed, rec.warmup, run.info.run_id[:8], seen[cell][:8])
+                continue
+            seen[cell] = run.info.run_id
+            out.append(rec)
+    return out
+
+
 def collect_study(study: str | None, run_ids: list[str] | None = None, command: str | None = None) -> Study:
     """A study's records from MLflow, in a canonical order (variant, warm-up, seed, run), so the
     export of the same runs is the same file whichever store they are read from."""
@@ -217,9 +238,8 @@ def collect_study(study: str | None, run_ids: list[str] | None = None, command: 
     suites = [r for r in runs if tracking.TAG_SUITE_PRESET in r.data.tags] if is_ablation else []
     runs = suites or runs  # a suite's study tag is on its run alone (its tasks' are <study>.<task>)
     kind = "suite" if suites else "ablation" if is_ablation else "pipeline"
-    records = {"suite": lambda: [rec for suite in runs for rec in _suite_records(suite)],
-               "ablation": lambda: [rec for parent in runs for rec in _ablation_records(parent)],
-               "pipeline": lambda: [_pipeline_record(r) for r in runs]}[kind]()
+    of_run = {"suite": _suite_records, "ablation": _ablation_records, "pipeline": lambda r: [_pipeline_record(r)]}[kind]
+    records = _newest_per_cell(sorted(runs, key=lambda r: r.info.start_time or 0, reverse=True), of_run)
     records.sort(key=lambda r: (variant_order([r.variant]), r.variant, r.warmup, r.seed, r.provenance.run_id))
     return Study(name, kind, runs[0].data.params.get("eval.split", "test"),
                  command or f"agentr1 report --study {name}", records)

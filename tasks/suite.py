@@ -17,14 +17,15 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from agentr1.config import ConfigError, _format_validation_error, apply_overrides
-from agentr1.fsutil import write_json
+from agentr1.fsutil import write_json, write_text
+from agentr1.rundir import SUITE_REPORT
 from agentr1.suite import SUITE_VARIANTS, TaskRow, suite_csv, suite_markdown
 from tasks.ablation import AblationParams, AblationSpec, _Form, spec_path
 
 SUITE_CONF = Path("conf") / "suite"
 DEFAULT_SUITE = "default"
 SET_BY_SUITE = ("variants", "seeds", "output_dir", "study", "policy")
-REPORT_FILES = ("results.md", "results.csv", "suite.json")
+REPORT_FILES = SUITE_REPORT
 
 
 class SuiteSpec(_Form):
@@ -96,7 +97,7 @@ def write_task_spec(spec: SuiteSpec, name: str) -> Path:
     would read to run or resume that task alone)."""
     path = Path(spec.output_dir) / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(spec.task_spec(name).model_dump(mode="json"), sort_keys=False))
+    write_text(path, yaml.safe_dump(spec.task_spec(name).model_dump(mode="json"), sort_keys=False))
     return path
 
 
@@ -110,8 +111,8 @@ def write_suite_report(spec: SuiteSpec, rows: list[TaskRow], failures: list[dict
         lines += ["", "**Failed tasks** (re-run with the same output dir to resume them):", ""]
         lines += [f"- `{f['task']}`: {f['error']}" for f in failures]
     text = "\n".join(lines) + "\n"
-    paths["results.md"].write_text(text)
-    paths["results.csv"].write_text(suite_csv(rows))
+    write_text(paths["results.md"], text)
+    write_text(paths["results.csv"], suite_csv(rows))
     write_json(paths["suite.json"], {"spec": spec.model_dump(mode="json"), "failures": failures,
                                      "rows": [r.__dict__ for r in rows]})
     return text, paths

@@ -200,6 +200,18 @@ def test_a_foreign_directory_with_run_outputs_is_refused_and_left_alone(data_dir
     assert (foreign / "final" / "notes.txt").read_text() == "precious"
 
 
+@pytest.mark.parametrize("name", ["results.md", "curves.png", "efficiency.json", "suite.json", "registry"])
+def test_a_directory_with_an_ablation_or_suite_report_is_not_claimed(tmp_path, name):
+    """An ablation's or a suite's tables, and fetched policies, are run outputs too: a directory
+    of the user's holding one is refused, as one holding summary.json is."""
+    foreign = tmp_path / "chapter4"
+    foreign.mkdir()
+    (foreign / name).write_text("mine")
+    with pytest.raises(ConfigError, match="was not made by agentr1"):
+        claim_run_dir(foreign)
+    assert [p.name for p in foreign.iterdir()] == [name] and (foreign / name).read_text() == "mine"
+
+
 def test_training_without_a_train_split_is_refused_before_any_write(data_dir, tmp_path, capsys):
     import shutil
 
@@ -297,6 +309,40 @@ def _swap_interrupted_between_renames(final: Path) -> None:
     tmp = final.parent / f".{final.name}.tmp-x2"
     tmp.mkdir()
     (tmp / "v").write_text("new")
+
+
+def _slow_writer(final: str, delay: float, out: str) -> None:
+    def write(tmp: Path) -> None:
+        (tmp / "a.jsonl").write_text("x\n")
+        time.sleep(delay)  # still writing (a dataset being checked) when the other process starts
+        (tmp / "b.jsonl").write_text("y\n")
+
+    try:
+        atomic_dir(final, write)
+        Path(out).write_text("ok")
+    except BaseException as err:  # noqa: BLE001 - reported to the test
+        Path(out).write_text(f"{type(err).__name__}: {err}")
+
+
+def test_two_processes_writing_one_directory_take_turns(tmp_path):
+    """A second writer of the same directory (a nightly retrain and a manual pipeline making the
+    same data.dir) once cleared the first one's half-written temporary as a leftover, and the first
+    failed with FileNotFoundError: both now finish, one after the other, and leave one whole copy."""
+    import multiprocessing
+
+    final, ctx = tmp_path / "data", multiprocessing.get_context("fork")
+    first = ctx.Process(target=_slow_writer, args=(str(final), 3.0, str(tmp_path / "a.out")))
+    first.start()
+    deadline = time.time() + 60
+    while not list(tmp_path.glob(".data.tmp-*")) and time.time() < deadline:  # the first is mid-write
+        time.sleep(0.05)
+    second = ctx.Process(target=_slow_writer, args=(str(final), 0.0, str(tmp_path / "b.out")))
+    second.start()
+    first.join(60)
+    second.join(60)
+    assert (tmp_path / "a.out").read_text() == (tmp_path / "b.out").read_text() == "ok"
+    assert sorted(p.name for p in final.iterdir()) == ["a.jsonl", "b.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.out", "b.out", "data"]
 
 
 def test_recover_dir_puts_the_old_version_back_and_removes_leftovers(tmp_path):

@@ -448,6 +448,14 @@ def test_evaluate_flow_on_the_registered_champion(prefect_api, data_dir, champio
     assert result["metrics"]["greedy/n"] == 4  # the whole dev split of the tiny world
     run = tracking.client().get_run(result["run_id"])
     assert f"eval/v{registry_state()[1]}/greedy/em" in run.data.metrics
+    # a directory of the user's that holds an evaluation is not written into
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "eval_checkpoint.json").write_text("mine")
+    with pytest.raises(ConfigError, match="was not made by agentr1"):
+        evaluate(params.model_copy(update={"output_dir": str(foreign)}))
+    assert [p.name for p in foreign.iterdir()] == ["eval_checkpoint.json"]
+    assert (foreign / "eval_checkpoint.json").read_text() == "mine"
 
 
 @pytest.mark.slow

@@ -238,6 +238,36 @@ def test_a_broken_export_is_named_by_file_line_and_field(tmp_path):
     assert math.isnan(read_export(bad).records[0].history[0]["rollout/em"])  # null is how NaN is written
 
 
+def test_an_ablation_run_again_in_its_directory_counts_each_cell_once():
+    """Running a finished ablation again (to add a seed, or just again) makes a second parent run
+    that logs every cell anew, reused from disk: the study counts each cell once, the newer run's."""
+    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+    from tasks.report import collect_study
+
+    c = tracking.client()
+    exp = tracking.experiment_id(tracking.EXPERIMENTS["ablation"])
+
+    def flow_run(seeds: list[int]) -> str:  # what flows/ablation.py leaves: a parent, one nested run per job
+        parent = c.create_run(exp, tags={tracking.TAG_STUDY: "rerun-once", tracking.TAG_WARMUP_DIGEST: "ab" * 32})
+        c.log_param(parent.info.run_id, "seed", "0")
+        for s in seeds:
+            kid = c.create_run(exp, tags={MLFLOW_PARENT_RUN_ID: parent.info.run_id, "ablation.variant": "ppo",
+                                          "ablation.seed": str(s)}).info.run_id
+            c.log_metric(kid, "final/greedy/em", [0.2, 0.4, 0.6, 0.8][s])
+            c.set_terminated(kid, "FINISHED")
+        c.set_terminated(parent.info.run_id, "FINISHED")
+        return parent.info.run_id
+
+    flow_run([0, 1, 2])
+    newer = flow_run([0, 1, 2, 3])
+    records = collect_study("rerun-once").records
+    assert sorted(r.seed for r in records) == [0, 1, 2, 3]
+    assert statistics.mean(r.final["greedy/em"] for r in records) == pytest.approx(0.5)
+    assert {r.provenance.run_id for r in records} <= {k.info.run_id for k in c.search_runs(
+        [exp], f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{newer}'")}
+
+
 def test_report_names_what_is_missing(capsys):
     from cli.main import main
 

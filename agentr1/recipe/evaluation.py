@@ -2,13 +2,13 @@
 ``eval_<tag>.json`` and ``trajectories_<tag>.txt``; and the untrained model's baselines."""
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 from agentr1.config import Config
 from agentr1.env.registry import build_env
 from agentr1.evaluate import EvalResult, evaluate, render_trajectory
+from agentr1.fsutil import write_json, write_text
 from agentr1.recipe.warmup import build_model
 from agentr1.recipe.workspace import Workspace, eval_records, make_engine
 from agentr1.rollout.engine import RolloutEngine
@@ -27,13 +27,13 @@ def run_eval(cfg: Config, ws: Workspace, model, tokenizer, chat, tag: str, split
                       batch_size=cfg.eval.batch_size)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"eval_{tag}.json").write_text(json.dumps(result.metrics, indent=1, sort_keys=True))
+    write_json(out / f"eval_{tag}.json", result.metrics)
     questions = {r.id: r.question for r in records}
     shown = []
     for mode in ("greedy", "sampled"):
         for t in result.trajectories[mode][: cfg.eval.render_examples]:
             shown.append(f"## {mode}\n" + render_trajectory(t, tokenizer, questions[t.record_id]))
-    (out / f"trajectories_{tag}.txt").write_text("\n\n".join(shown) + "\n")
+    write_text(out / f"trajectories_{tag}.txt", "\n\n".join(shown) + "\n")
     return result
 
 

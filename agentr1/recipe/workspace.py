@@ -17,6 +17,7 @@ from agentr1.data.convert import DEFAULT_DEV_FRACTION, DEFAULT_TEST_FRACTION, SY
 from agentr1.data.records import DataError, QARecord, generation_needed, load_dataset, split_path, write_dataset
 from agentr1.env.base import Environment
 from agentr1.env.registry import build_env, synth_data
+from agentr1.fsutil import writer_lock
 from agentr1.rl.distributed import native_bf16
 from agentr1.rollout.backend import HFBackend
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings
@@ -49,6 +50,15 @@ def ensure_data(cfg: Config, source: str = SYNTHETIC, input_path: str | None = N
     data_dir = Path(cfg.data.dir)
     if not generation_needed(data_dir):
         return data_dir
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    with writer_lock(data_dir):  # one process makes it; another that waited finds it made
+        if generation_needed(data_dir):
+            _make_data(cfg, data_dir, source, input_path, fractions)
+    return data_dir
+
+
+def _make_data(cfg: Config, data_dir: Path, source: str, input_path: str | None,
+               fractions: tuple[float, float]) -> None:
     if source != SYNTHETIC:
         if not input_path:
             raise ValueError(f"data source {source!r} needs an input file (data.input)")
@@ -62,7 +72,6 @@ def ensure_data(cfg: Config, source: str = SYNTHETIC, input_path: str | None = N
                             "generator: give data.dir a dataset (qa/{train,dev,test}.jsonl, corpus.jsonl)")
         splits, corpus, *files = generated  # a generator may add files: (splits, corpus, {name: bytes})
         write_dataset(data_dir, splits, corpus, files=files[0] if files else None)
-    return data_dir
 
 
 @dataclass
