@@ -271,6 +271,47 @@ def test_a_tool_that_cannot_start_stops_the_run():
         tool.run_batch([{"x": "a"}])
 
 
+def test_a_replacement_worker_that_fails_to_start_fails_the_call_not_the_run(tmp_path):
+    """A model's call that kills its worker (a limit) has the next call start another; that start
+    failing for a passing reason is that call's error observation, and the tool comes back after;
+    only MAX_FAILED_RESTARTS failures in a row stop the run."""
+    from agentr1.env.sandbox import MAX_FAILED_RESTARTS
+
+    flaky = tmp_path / "flaky"  # while it exists, building the tool fails (the worker forks: a file says so)
+
+    def spin(n: int) -> str:
+        """Spins forever when n is 1.
+
+        Args:
+            n: 1 spins.
+        """
+        while n == 1:
+            pass
+        return "ok"
+
+    def make():
+        if flaky.exists():
+            raise OSError("a passing failure")
+        return spin
+
+    env = ToolEnv([Tool.from_callable(spin, make=make)], EnvSettings.from_config(
+        EnvConfig(max_turns=64, system_prompt=None), sandbox=LIMITS), RewardWeights.from_config(RewardConfig()))
+    state = env.reset(_record())
+    assert env.step(state, format_call("spin", {"n": 0})).observation.strip() == "ok"
+    assert "CPU" in env.step(state, format_call("spin", {"n": 1})).observation  # the worker is killed
+    flaky.touch()
+    failed = env.step(state, format_call("spin", {"n": 0})).observation
+    assert "replacement worker did not start" in failed and "a passing failure" in failed
+    flaky.unlink()
+    assert env.step(state, format_call("spin", {"n": 0})).observation.strip() == "ok"  # it came back
+    assert "CPU" in env.step(state, format_call("spin", {"n": 1})).observation
+    flaky.touch()
+    for _ in range(MAX_FAILED_RESTARTS - 1):
+        assert "did not start" in env.step(state, format_call("spin", {"n": 0})).observation
+    with pytest.raises(SandboxError, match=f"{MAX_FAILED_RESTARTS} replacement workers in a row did not start"):
+        env.step(state, format_call("spin", {"n": 0}))
+
+
 @pytest.mark.slow
 def test_the_worker_dies_with_its_parent(tmp_path):
     """kill -9 of the process that owns a sandboxed tool leaves no worker behind."""

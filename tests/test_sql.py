@@ -67,6 +67,10 @@ def test_row_and_character_limits_are_stated_when_they_cut(world):
     narrow = SQLTool(data / DB_FILE, max_rows=10, max_chars=30)("SELECT name, birth_city FROM people")
     assert len(narrow.text.split("\n")[-1]) and "at most 10 rows and 30 characters" in narrow.text
     assert sum(len(line) + 1 for line in narrow.text.split("\n")[:-1]) <= 31
+    # a wide join's header alone is longer than the limit: it is cut too (it came back whole)
+    wide = SQLTool(data / DB_FILE, max_rows=10, max_chars=120)(
+        "SELECT * FROM films a, films b, films c, films d, films e, films f LIMIT 1")
+    assert len(wide.text.split("\n")[0]) <= 120 and "at most 10 rows and 120 characters" in wide.text
 
 
 @pytest.mark.parametrize("query", [

@@ -65,6 +65,11 @@ log = logging.getLogger(__name__)
 
 START_SLACK_S = 5.0
 """Seconds a worker may take to start (confine itself, build its tool) beyond ``wall_s``."""
+MAX_FAILED_RESTARTS = 3
+"""Replacement workers in a row that may fail to start before the run stops. A call that killed
+its worker (a limit hit) has the next call start another; that start can fail for a passing
+reason (slow under load, a factory's transient error, a refused fork), which fails that call, not
+the run; a tool that never comes back stops it."""
 ANSWER_SLACK_BYTES = 1 << 16
 """Room in an answer message beyond its texts (JSON quoting, keys)."""
 MAX_KEYS_CHARS = 10_000
@@ -336,6 +341,8 @@ class ToolWorker:
         self.conn = None
         self.scratch: Path | None = None
         self.missing: list[str] = []
+        self.started = False  # a worker has started once: later starts are replacements
+        self.failed_restarts = 0
 
     def start(self) -> None:
         self.scratch = Path(tempfile.mkdtemp(prefix=f"agentr1-tool-{self.tool.name}-"))
@@ -366,6 +373,25 @@ class ToolWorker:
             raise SandboxError(f"tool {self.tool.name!r}: building it in its sandbox failed: {hello['fatal']} "
                                f"(limits: {self.limits}; raise them in env.sandbox, or set env.sandbox.enabled=false)")
         self.missing = hello.get("missing", [])
+        self.started = True
+
+    def _replace(self) -> None:
+        """Start a worker for the next call: the first start failing stops the run (every call
+        would fail); a replacement's fails only the call that needed it, up to
+        :data:`MAX_FAILED_RESTARTS` in a row."""
+        if not self.started:
+            self.start()
+            return
+        try:
+            self.start()
+        except (SandboxError, OSError) as err:
+            self.stop()
+            self.failed_restarts += 1
+            if self.failed_restarts >= MAX_FAILED_RESTARTS:
+                raise SandboxError(f"tool {self.tool.name!r}: {self.failed_restarts} replacement workers in a row did "
+                                   f"not start; the last: {err}") from None
+            raise WorkerFailed(f"its replacement worker did not start ({err})") from None
+        self.failed_restarts = 0
 
     def request(self, calls: list[dict]) -> list[tuple[ToolOutput, bool]]:
         """The answers to ``calls``; WorkerFailed (the worker then gone) when there is none.
@@ -376,13 +402,13 @@ class ToolWorker:
         if self.pid is not None and not self._alive():
             self.stop()
         if self.pid is None:
-            self.start()
+            self._replace()
         message = json.dumps({"calls": calls}, ensure_ascii=False).encode()
         try:
             self.conn.send_bytes(message)
         except OSError:  # it died just now, before reading the call: a new one takes it
             self.stop()
-            self.start()
+            self._replace()
             self.conn.send_bytes(message)
         answer = self._receive(self.limits.wall_s, len(calls))
         results = answer.get("results")

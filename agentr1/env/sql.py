@@ -118,7 +118,7 @@ def open_read_only(path: str | Path) -> sqlite3.Connection:
 
 def format_rows(columns: list[str], rows: list[tuple], more: bool, max_rows: int, max_chars: int) -> tuple[str, list[str]]:
     """The observation text and the shown cells' values (``keys``); a note says what was cut."""
-    lines = [CELL_SEP.join(_cell(c) for c in columns)]
+    lines = [CELL_SEP.join(_cell(c) for c in columns)[:max_chars]]  # a wide join's header is cut too
     keys: list[str] = []
     used = len(lines[0])
     shown = 0
