@@ -28,6 +28,7 @@ from agentr1.episode import Trajectory
 from tasks import tracking
 
 log = logging.getLogger("agentr1.tasks.traces")
+_exporting_to: list[str] = []  # the store MLflow's trace exporter was last made for
 
 TAG_KIND = "agentr1.trace"
 """``evaluation`` or ``ppo``."""
@@ -45,6 +46,21 @@ def _turn_tokens(t: Trajectory) -> list[int]:
     return out
 
 
+def _export_to_this_store() -> None:
+    """MLflow's trace exporter keeps the tracking store it was first made for: a process that
+    moves to another store (a notebook, a test) sent its traces to the old one, where the
+    experiment does not exist ("No Experiment with id=2 exists": the traces were lost). Made again
+    when the store changes."""
+    import mlflow
+
+    tracking.client()  # MLflow's global URI follows the store
+    uri = tracking.tracking_uri()
+    if _exporting_to and _exporting_to[0] != uri:
+        mlflow.flush_trace_async_logging()
+        mlflow.tracing.reset()  # made again, for this store, at the next span
+    _exporting_to[:] = [uri]
+
+
 def log_episode(run_id: str | None, experiment_id: str, t: Trajectory, question: str,
                 tags: Mapping[str, str]) -> str:
     """One episode as a trace in ``experiment_id``, of ``run_id`` when there is one (module
@@ -53,6 +69,7 @@ def log_episode(run_id: str | None, experiment_id: str, t: Trajectory, question:
     from mlflow.entities import SpanType
     from mlflow.tracing.constant import TraceMetadataKey
 
+    _export_to_this_store()
     ns = 1_000_000_000
     durations = [int(s * ns) for pair in zip(t.turn_seconds, t.tool_seconds) for s in pair]
     cursor = time.time_ns() - sum(durations)

@@ -92,3 +92,22 @@ def test_tracing_gives_the_global_random_state_back():
     with traces._fresh_global_random():
         random.getrandbits(128)
     assert random.getstate() == random.Random(0).getstate(), "tracing moved the run's own random draws"
+
+
+def test_traces_follow_the_process_to_another_store(tmp_path, monkeypatch):
+    """MLflow's trace exporter kept the store it was first made for: after a process moved to
+    another store its traces went to the old one and were lost ("No Experiment with id=2 exists"),
+    which is how this module's first test failed after another test's store in the same worker."""
+    episode = [_episode("q1", [format_call("search", {"query": "T"}), format_answer("Ada")], ["T: Ada."], 1.0)]
+    with mlflow.start_run(experiment_id=tracking.experiment_id("traces-before")) as run:
+        pass
+    assert traces.log_episodes(run.info.run_id, episode, {}, limit=1, tags={})
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'other.db'}")
+    for name in ("traces-elsewhere-1", "traces-elsewhere-2"):  # an experiment id the first store lacks
+        with mlflow.start_run(experiment_id=tracking.experiment_id(name)) as run:
+            pass
+    ids = traces.log_episodes(run.info.run_id, episode, {}, limit=1, tags={})
+    found = mlflow.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id, return_type="list")
+    assert [t.info.trace_id for t in found] == ids
+    monkeypatch.undo()
+    tracking.client()  # back to the session's store for the other tests
