@@ -9,6 +9,7 @@ run directory hash the same before and after. Each case is bounded by the sandbo
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import os
 import signal
@@ -129,7 +130,9 @@ def guarded(tmp_path):
 def test_a_hostile_tool_is_a_bad_call_and_the_next_call_works(kind, message, guarded):
     data, run = guarded
     target = data / "owned.txt"
-    env = _env(hostile)
+    # The memory case gets CPU time to spare: a worker forked from a large test process pays for its
+    # copy-on-write page faults in CPU time, and once (a loaded CI run) the 0.5 s ran out first.
+    env = _env(hostile, dataclasses.replace(LIMITS, cpu_s=2.0) if kind == "memory" else LIMITS)
     state = env.reset(_record())
     t0 = time.monotonic()
     bad = env.step(state, format_call("hostile", {"kind": kind, "target": str(target)}))
