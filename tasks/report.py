@@ -238,10 +238,14 @@ def collect_study(study: str | None, run_ids: list[str] | None = None, command: 
     suites = [r for r in runs if tracking.TAG_SUITE_PRESET in r.data.tags] if is_ablation else []
     runs = suites or runs  # a suite's study tag is on its run alone (its tasks' are <study>.<task>)
     kind = "suite" if suites else "ablation" if is_ablation else "pipeline"
+    splits = sorted({r.data.params.get("eval.split", "test") for r in runs})
+    if len(splits) > 1:  # the table is labelled with one split
+        raise ValueError(f"study {name}: its runs were evaluated on different splits ({', '.join(splits)}); one "
+                         "table would mix them: tag each split's runs as a study of its own")
     of_run = {"suite": _suite_records, "ablation": _ablation_records, "pipeline": lambda r: [_pipeline_record(r)]}[kind]
     records = _newest_per_cell(sorted(runs, key=lambda r: r.info.start_time or 0, reverse=True), of_run)
     records.sort(key=lambda r: (variant_order([r.variant]), r.variant, r.warmup, r.seed, r.provenance.run_id))
-    return Study(name, kind, runs[0].data.params.get("eval.split", "test"),
+    return Study(name, kind, splits[0],
                  command or f"agentr1 report --study {name}", records)
 
 

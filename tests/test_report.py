@@ -268,6 +268,21 @@ def test_an_ablation_run_again_in_its_directory_counts_each_cell_once():
         [exp], f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{newer}'")}
 
 
+def test_a_study_whose_runs_used_different_splits_is_refused():
+    """One table has one split in its label: a study mixing test and dev runs is an error naming
+    both, not a table labelled with the first run's split."""
+    from tasks.report import collect_study
+
+    c = tracking.client()
+    exp = tracking.experiment_id(tracking.EXPERIMENTS["pipeline"])
+    for split in ("test", "dev"):
+        run = c.create_run(exp, tags={tracking.TAG_STUDY: "mixed-splits"}).info.run_id
+        c.log_param(run, "eval.split", split)
+        c.set_terminated(run, "FINISHED")
+    with pytest.raises(ValueError, match=r"study mixed-splits: its runs were evaluated on different splits \(dev, test\)"):
+        collect_study("mixed-splits")
+
+
 def test_report_names_what_is_missing(capsys):
     from cli.main import main
 
