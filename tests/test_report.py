@@ -279,7 +279,7 @@ def test_a_study_whose_runs_used_different_splits_is_refused():
         run = c.create_run(exp, tags={tracking.TAG_STUDY: "mixed-splits"}).info.run_id
         c.log_param(run, "eval.split", split)
         c.set_terminated(run, "FINISHED")
-    with pytest.raises(ValueError, match=r"study mixed-splits: its runs were evaluated on different splits \(dev, test\)"):
+    with pytest.raises(ValueError, match=r"mixed-splits: its runs were evaluated on different splits \(dev, test\)"):
         collect_study("mixed-splits")
 
 
