@@ -42,6 +42,11 @@ question was longer, and a longer one would mostly fill the context before the f
 SOURCE = "ask"  # the QARecord source of a question asked here
 
 
+def question_record(question: str, rid: str = "0") -> QARecord:
+    """A question asked here as the record an episode plays (no gold answer: nothing is scored)."""
+    return QARecord(id=rid, question=question, answers=(), supporting_docs=(), hops=1, source=SOURCE)
+
+
 def check_questions(questions: Sequence[object]) -> list[str]:
     """The questions as strings; ValueError naming the first bad row (0-based) otherwise:
     not a string, empty or blank, or over :data:`MAX_QUESTION_CHARS` characters."""
@@ -163,8 +168,7 @@ class Agent:
         question with its trajectory. ValueError (naming the row) for a bad question, before
         anything runs."""
         questions = check_request(questions, temperature)
-        records = [QARecord(id=str(i), question=q, answers=(), supporting_docs=(), hops=1, source=SOURCE)
-                   for i, q in enumerate(questions)]
+        records = [question_record(q, str(i)) for i, q in enumerate(questions)]
         out = []
         for start in range(0, len(records), BATCH):
             chunk = records[start: start + BATCH]

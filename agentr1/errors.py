@@ -42,6 +42,11 @@ class NotFound(UserError, FileNotFoundError):
     what there is instead."""
 
 
+class NotRegistered(UserError, LookupError):
+    """A registered model (a version, an alias) that the tracking store does not have; the
+    message names the store and how to get one."""
+
+
 class DamagedError(UserError, ValueError):
     """A directory whose files do not match its manifest, or a checkpoint that cannot be loaded
     safely; the message names the file and the fix."""

@@ -34,8 +34,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agentr1.agent import SOURCE
-from agentr1.data.records import QARecord, unencodable
+from agentr1.agent import question_record
+from agentr1.data.records import unencodable
 from agentr1.env.protocol import ANSWER_START, TOOL_CALL_START, format_answer, format_call
 
 if TYPE_CHECKING:
@@ -177,8 +177,8 @@ class ChatCompletions:
         chat, env = engine.chat, self.agent.env
         # The question as every episode puts it (the environment's user prompt), as in training,
         # `agentr1 ask` and the MLflow model.
-        record = QARecord(id="0", question=question, answers=(), supporting_docs=(), hops=1, source=SOURCE)
-        ids = list(chat.prompt_ids(env.system_turn() if system is False else system, env.user_prompt(record)))
+        ids = list(chat.prompt_ids(env.system_turn() if system is False else system,
+                                   env.user_prompt(question_record(question))))
         for text, observation in turns:
             turn = chat.turn_ids(text)
             ids += turn

@@ -146,10 +146,9 @@ def profile_step(step, precision: str, steps: int = 3, top: int = 8) -> None:
             step()
     ops = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
     total = sum(ops.values())
-    matmul = sum(ops.get(k, 0) for k in ("aten::mm", "aten::bmm", "aten::addmm"))
-    casts = sum(ops.get(k, 0) for k in ("aten::copy_", "aten::_to_copy"))
-    rest = sorted(((v, k) for k, v in ops.items() if k not in {"aten::mm", "aten::bmm", "aten::addmm",
-                                                               "aten::copy_", "aten::_to_copy"}), reverse=True)
+    matmul_ops, cast_ops = ("aten::mm", "aten::bmm", "aten::addmm"), ("aten::copy_", "aten::_to_copy")
+    matmul, casts = (sum(ops.get(k, 0) for k in group) for group in (matmul_ops, cast_ops))
+    rest = sorted(((v, k) for k, v in ops.items() if k not in (*matmul_ops, *cast_ops)), reverse=True)
     print(f"\nprofile of the demonstration step ({'fp32' if precision == 'no' else 'bf16 autocast'}, {steps} steps, "
           f"self CPU time): matmuls {100 * matmul / total:.0f}%, dtype casts {100 * casts / total:.0f}%, "
           + ", ".join(f"{k.removeprefix('aten::')} {100 * v / total:.0f}%" for v, k in rest[:top]), flush=True)

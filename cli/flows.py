@@ -156,10 +156,10 @@ def summary_lines(kind: str, result: dict) -> list[str]:
         m = result["metrics"]
         return [f"{result['model']} ({result['label']}) on {result['split']}: exact match greedy "
                 f"{m['greedy/em']:.3f}, sampled {m['sampled/em']:.3f}"]
-    w, f, p = result["warmup"], result["final"], result["promotion"]
-    its = result["iterations"]
     from agentr1.report import BASELINE_LABELS
 
+    w, f, p = result["warmup"], result["final"], result["promotion"]
+    its = result["iterations"]
     short = {b: label.split(" (")[0] for b, label in BASELINE_LABELS.items()}  # "naive RAG"
     rows = [*((f"{short.get(b, b)} (untrained)", m) for b, m in result.get("baselines", {}).items()),
             ("warm-up (before RL)", w), (f"after RL ({its} PPO iteration{'' if its == 1 else 's'})", f)]

@@ -17,9 +17,8 @@ client works against it::
 import argparse
 import json
 import signal
-import sys
 
-from agentr1.errors import EXIT_BAD_INPUT, EXIT_OK
+from agentr1.errors import EXIT_OK
 
 STOPPED_NOTE = "the server answered the requests it had and shut down"
 MAX_BODY_BYTES = 64 << 20
@@ -89,11 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     setup_logging()
     quiet_third_party()
-    try:
-        label, agent = load_agent(args)
-    except LookupError as e:  # no such registered model: one line, as `agentr1 ask` says it
-        print(f"agentr1: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    label, agent = load_agent(args)  # a model it cannot find: a UserError, the CLI's one-line error
     app = make_app(ChatCompletions(agent, args.name))
     print(f"serving {label} as model {args.name!r}: http://{args.host}:{args.port}/v1 (OpenAI chat completions)",
           flush=True)

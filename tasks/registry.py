@@ -26,7 +26,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from agentr1.config import Config
-from agentr1.errors import EXIT_FAILED, NotFound, UserError
+from agentr1.errors import EXIT_FAILED, NotFound, NotRegistered, UserError
 from tasks import tracking
 
 if TYPE_CHECKING:
@@ -80,8 +80,8 @@ def parse_model_ref(ref: str, name: str = tracking.MODEL_NAME) -> tuple[str, str
         return name, version, None
     if not _ALIAS.fullmatch(ref):  # MLflow's alias rule: a '/' or '.' means a path, and it is not there
         raise NotFound(f"model {ref!r}: no such directory; a model is a policy directory, a logged MLflow "
-                                "model directory, or a registered one: a version number, an alias such as champion, "
-                                f"or {MODELS_URI}NAME/VERSION")
+                       "model directory, or a registered one: a version number, an alias such as champion, "
+                       f"or {MODELS_URI}NAME/VERSION")
     return (name, ref, None) if ref.isdigit() else (name, None, ref)
 
 
@@ -104,9 +104,9 @@ def resolve_version(ref: str) -> tuple[str, str]:
                  else tracking.client().get_model_version(name, version))
     except MlflowException as exc:
         what = f"{name}@{alias}" if alias is not None else f"{name} version {version}"
-        raise LookupError(f"model {ref!r}: no registered {what} in {tracking.tracking_uri()} ({exc.error_code}); "
-                          "train and register one with `agentr1 pipeline`, or set MLFLOW_TRACKING_URI to the "
-                          "store that has it") from None
+        raise NotRegistered(f"model {ref!r}: no registered {what} in {tracking.tracking_uri()} ({exc.error_code}); "
+                            "train and register one with `agentr1 pipeline`, or set MLFLOW_TRACKING_URI to the "
+                            "store that has it") from None
     return name, str(found.version)
 
 

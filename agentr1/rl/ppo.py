@@ -294,7 +294,7 @@ def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Score
                     actor, critic, values = minibatch_loss(net, batch, scored, hp, rows, L_rows, loss_mask_full)
                     parts = [x * w for x, w in ((actor, w_actor), (critic, w_critic)) if w and x is not None]
                     share = parts[0] if len(parts) == 1 else parts[0] + parts[1]
-                    weights = [w_actor] * 5 + [w_critic] * 2  # STEP_METRICS: the actor's five, the critic's two
+                    weights = [w_critic if k.startswith("critic/") else w_actor for k in STEP_METRICS]
                     step_v = [a + b for a, b in zip(step_v, [float(share.detach())]
                                                     + [v * w for v, w in zip(values, weights)])]
                     if math.isfinite(step_v[0]):  # a non-finite one skips the step below anyway
