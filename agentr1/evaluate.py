@@ -27,15 +27,20 @@ class EvalResult:
     trajectories: dict[str, list[Trajectory]]
 
 
-def aggregate(trajs: list[Trajectory], hops_by_id: dict[str, int], prefix: str) -> dict[str, float]:
-    """Means of :data:`METRIC_KEYS` overall and per hop count, keys ``{prefix}/...``."""
+def aggregate(trajs: list[Trajectory], hops_by_id: dict[str, int], prefix: str,
+              extra: tuple[str, ...] = (), group_by_id: dict[str, str] | None = None) -> dict[str, float]:
+    """Means of :data:`METRIC_KEYS` and ``extra`` (the environment's own) overall, per hop count
+    and per group of ``group_by_id`` (the environment's :meth:`~agentr1.env.base.Environment.group`,
+    e.g. a benchmark's category), keys ``{prefix}/...``."""
     out: dict[str, float] = {}
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:
         groups[""].append(t)
         groups[f"hops{hops_by_id[t.record_id]}/"].append(t)
+        if group_by_id and group_by_id.get(t.record_id):
+            groups[f"{group_by_id[t.record_id]}/"].append(t)
     for g, members in sorted(groups.items()):
-        for k in METRIC_KEYS:
+        for k in (*METRIC_KEYS, *extra):
             vals = [t.metrics.get(k, 0.0) for t in members]
             out[f"{prefix}/{g}{k}"] = sum(vals) / len(vals)
         out[f"{prefix}/{g}n"] = float(len(members))
@@ -46,6 +51,8 @@ def evaluate(engine: RolloutEngine, records: list, seed: int, sampled_temperatur
              batch_size: int = 100) -> EvalResult:
     """Run every record once greedily and once sampled at ``sampled_temperature``."""
     hops = {r.id: r.hops for r in records}
+    group = getattr(engine.env, "group", None)
+    labels = {r.id: group(r) for r in records} if group else None
     metrics: dict[str, float] = {}
     trajectories: dict[str, list[Trajectory]] = {}
     t0 = last = time.perf_counter()
@@ -58,7 +65,7 @@ def evaluate(engine: RolloutEngine, records: list, seed: int, sampled_temperatur
                 last = time.perf_counter()
                 log.info("evaluation %s %d/%d episodes  %.0fs", mode, len(trajs), len(records), last - t0)
         trajectories[mode] = trajs
-        metrics.update(aggregate(trajs, hops, mode))
+        metrics.update(aggregate(trajs, hops, mode, getattr(engine.env, "extra_metrics", ()), labels))
     return EvalResult(metrics, trajectories)
 
 

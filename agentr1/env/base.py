@@ -3,8 +3,9 @@
 What the rollout engine, the warm-up, evaluation, the ablation runs, the served agent and the
 pipeline need from an environment (:class:`Environment`):
 
-- ``tools``: the tool schemas for the chat template; ``system_prompt()`` and
-  ``user_prompt(record)``: the first prompt of an episode;
+- ``tools``: the tool schemas for the chat template; ``system_turn(record)`` and
+  ``user_prompt(record)``: the first prompt of an episode (the system turn may depend on the record:
+  a function-calling question brings its own functions);
 - ``reset(record)`` -> state, ``step_batch(states, turn_texts)`` -> one :class:`StepResult` per
   episode (observation, process reward, outcome, done), ``finalize(state, reason)`` for an episode
   cut from outside (context full), ``episode_metrics(state)``;
@@ -143,10 +144,25 @@ class Environment(ABC):
     @abstractmethod
     def system_prompt(self) -> str: ...
 
-    def system_turn(self) -> str | None:
-        """The episode's system message as the chat format takes it: None when the system prompt
-        is empty (``env.system_prompt: ""``), which means no system turn at all."""
+    def system_turn(self, record: QARecord | None = None) -> str | None:
+        """The system message of ``record``'s episode as the chat format takes it: None when the
+        system prompt is empty (``env.system_prompt: ""``), which means no system turn at all.
+        Here the same for every record; an environment whose records bring their own tools
+        (``function_call``) renders them here."""
         return self.system_prompt() or None
+
+    tools_per_record: bool = False
+    """Each record brings the tools the agent may call (``function_call``: a question's
+    functions, in its system turn); a served agent then needs them with every question."""
+
+    def group(self, record: QARecord) -> str | None:
+        """The group an evaluation also reports ``record`` in (``{mode}/<group>/<metric>``, beside
+        the hop counts), e.g. a benchmark's category; None: none."""
+        return None
+
+    extra_metrics: tuple[str, ...] = ()
+    """Episode metrics of this environment beyond ``agentr1.evaluate.METRIC_KEYS`` that
+    evaluations and PPO's rollout metrics also average (e.g. ``called``, the tool-call rate)."""
 
     @abstractmethod
     def user_prompt(self, record: QARecord) -> str: ...
@@ -306,10 +322,15 @@ class ToolEnv(Environment):
 
     empty_output = EMPTY_OUTPUT
 
+    def score(self, answer: str | None, record: QARecord) -> AnswerScores:
+        """How well ``answer`` (None: no answer) answers ``record``: text match against its
+        ``answers`` (SQuAD-style EM and F1) here; a numeric environment compares numbers."""
+        return score_answer(answer, record.answers)
+
     def _end(self, state: EpisodeState, reason: str, parts: _TurnParts, process: float) -> StepResult:
         state.done = True
         state.end_reason = reason
-        state.scores = score_answer(state.answer, state.record.answers)
+        state.scores = self.score(state.answer, state.record)
         answered = state.answer is not None
         outcome = outcome_reward(state.scores, answered, state.n_bad_calls, self.weights)
         return StepResult(None, True, process, outcome, self._info(state, parts))

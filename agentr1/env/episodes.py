@@ -27,7 +27,8 @@ def run_episodes(env: Environment, agent: ScriptedAgent, records: Sequence[QARec
     """Play every record to the end, all episodes stepped together (one search batch per turn)."""
     states = [env.reset(record) for record in records]
     episodes = [Trajectory(record.id, [], [], [], 0) for record in records]
-    chats = [chat_messages(env.system_prompt(), env.user_prompt(record), e) for record, e in zip(records, episodes)]
+    chats = [chat_messages(env.system_turn(record) or "", env.user_prompt(record), e)
+             for record, e in zip(records, episodes)]
     active = list(range(len(records)))
     while active:
         texts = [agent.act(records[i], chats[i]) for i in active]

@@ -46,8 +46,7 @@ def naive_rag_engine(cfg: Config, ws: Workspace, model, tokenizer, chat, records
 
     env = build_env(cfg.model_copy(update={"env": cfg.env.model_copy(update={"max_turns": 2})}), ws.data_dir)
     engine = make_engine(cfg, env, model, tokenizer, chat, ws.device)
-    system = env.system_turn()
-    first = {tuple(chat.prompt_ids(system, env.user_prompt(r))):
+    first = {tuple(chat.prompt_ids(env.system_turn(r), env.user_prompt(r))):
              chat.turn_ids(format_tool_call(r.question[: cfg.env.max_query_chars])) for r in records}
     engine.backend = NaiveRAGBackend(engine.backend, first, chat.prefix_ids(ANSWER_START))
     return engine

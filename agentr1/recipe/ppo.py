@@ -57,9 +57,9 @@ def iteration_records(train: list[QARecord], n_questions: int, group_size: int, 
     return records, groups
 
 
-def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+def rollout_metrics(trajs: list[Trajectory], extra: tuple[str, ...] = ()) -> dict[str, float]:
     n = len(trajs)
-    keys = ("em", "f1", "contains", "format_ok", "n_calls", "n_bad_calls", "support_recall", "turns")
+    keys = ("em", "f1", "contains", "format_ok", "n_calls", "n_bad_calls", "support_recall", "turns", *extra)
     out = {f"rollout/{k}": sum(t.metrics.get(k, 0.0) for t in trajs) / n for k in keys}
     out["reward/outcome"] = sum(t.outcome_reward for t in trajs) / n
     out["reward/process"] = sum(sum(t.process_rewards) for t in trajs) / n
@@ -312,8 +312,8 @@ class PPOSession:
         t_upd = time.time() - t1 - t_score
         # An iteration's time in three parts: sampling, scoring (old/reference log-probs, values,
         # advantages), and the epochs of minibatch updates.
-        metrics = {**rollout_metrics(trajs), **score_m, **upd_m, "actor/kl_coef": self.kl_coef,
-                   "actor/lr": lr,
+        metrics = {**rollout_metrics(trajs, self.ws.env.extra_metrics), **score_m, **upd_m,
+                   "actor/kl_coef": self.kl_coef, "actor/lr": lr,
                    "perf/rollout_s": t_roll, "perf/score_s": t_score, "perf/update_s": t_upd,
                    "perf/iter_s": t_roll + t_score + t_upd,
                    "perf/rollout_action_tokens_per_s": sum(t.n_action_tokens for t in trajs) / max(t_roll, 1e-9),

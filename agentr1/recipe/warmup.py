@@ -82,7 +82,7 @@ def tokenizer_texts(ws: Workspace, records, demos) -> list[str]:
     # Rendering needs only the chat template, not a good vocabulary: a byte-level draft does.
     draft = ChatFormat(build_tokenizer(texts[:200], vocab_size=300), ws.tools)
     for r, t in zip(records[:TOKENIZER_MAX_EPISODES], demos):
-        parts = [draft.prompt_text(ws.env.system_turn(), ws.env.user_prompt(r))]
+        parts = [draft.prompt_text(ws.env.system_turn(r), ws.env.user_prompt(r))]
         for k, turn in enumerate(t.turn_texts):
             parts.append(turn)
             if k < len(t.observations):
@@ -131,8 +131,7 @@ def encode_demonstrations(chat, env: Environment, records, demos: list[Trajector
     piece encoded exactly as in a rollout (``chat.encode_episodes``)."""
     if not demos:
         return demos
-    system = env.system_turn()
-    encoded = chat.encode_episodes([(system, env.user_prompt(r), t.turn_texts, t.observations)
+    encoded = chat.encode_episodes([(env.system_turn(r), env.user_prompt(r), t.turn_texts, t.observations)
                                     for r, t in zip(records, demos)])
     for t, (ids, mask) in zip(demos, encoded):
         t.token_ids, t.action_mask, t.prompt_len = ids, mask, mask.index(1)

@@ -75,10 +75,9 @@ class RolloutEngine:
         s = self.settings
         temp = s.temperature if temperature is None else temperature
         states = [self.env.reset(r) for r in records]
-        system = self.env.system_turn()
         trajs = []
         for i, r in enumerate(records):
-            ids = self.chat.prompt_ids(system, self.env.user_prompt(r))
+            ids = self.chat.prompt_ids(self.env.system_turn(r), self.env.user_prompt(r))
             trajs.append(Trajectory(r.id, list(ids), [0] * len(ids), [0.0] * len(ids), len(ids),
                                     group=groups[i] if groups else i))
         active = list(range(len(records)))
@@ -106,7 +105,9 @@ class RolloutEngine:
                 t.tool_seconds.append(stepped - sampled)
                 t.process_rewards.append(float(res.process_reward))
                 if res.done:
-                    self._close(t, states[i], res, "answer" if states[i].answer is not None else "max_turns")
+                    # How the environment ended it ("answer", "max_turns"; "call" for a function call)
+                    self._close(t, states[i], res, getattr(states[i], "end_reason", None)
+                                or ("answer" if states[i].answer is not None else "max_turns"))
                     continue
                 obs = self.chat.observation_ids(res.observation, turn_closed=self.chat.is_closed(g.token_ids))
                 if len(t.token_ids) + len(obs) + MIN_TURN_ROOM > s.max_context_tokens:
