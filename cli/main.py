@@ -109,7 +109,9 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_data_convert(args: argparse.Namespace) -> int:
-    from agentr1.data.convert import DEFAULT_DEV_FRACTION, check_fractions, convert_to_dataset
+    from agentr1.config import DataSource
+    from agentr1.data.convert import DEFAULT_DEV_FRACTION, check_fractions
+    from agentr1.env.datasets import convert_to_dataset
 
     fractions = None
     if args.test_fraction is not None:
@@ -120,7 +122,13 @@ def cmd_data_convert(args: argparse.Namespace) -> int:
             raise ConfigError(f"data convert: {e}") from None
     elif args.dev_fraction is not None:
         raise ConfigError("data convert: --dev-fraction needs --test-fraction (train/dev/test by id hash)")
-    summary = convert_to_dataset(args.format, args.input, args.out, args.split, fractions)
+    if args.format != "bfcl" and args.input is None:
+        raise ConfigError(f"data convert: --format {args.format} needs --input FILE")
+    if args.category and args.format != "bfcl":
+        raise ConfigError("data convert: --category is for --format bfcl")
+    categories = [c.strip() for c in ",".join(args.category).split(",") if c.strip()]
+    source = DataSource(format=args.format, input=args.input, categories=categories, split=args.split)
+    summary = convert_to_dataset(source, args.out, fractions)
     print_json({"out": str(args.out), **summary})
     return EXIT_OK
 
@@ -136,7 +144,13 @@ def cmd_data_validate(args: argparse.Namespace) -> int:
     # The same check the training loader, the DVC stage and the pipeline's validation run.
     from agentr1.data.records import load_dataset
 
+    from agentr1.data.records import dataset_kind
+
     splits, corpus = load_dataset(args.data)
+    recorded = dataset_kind(args.data)
+    if args.kind and recorded and args.kind != recorded:
+        raise ConfigError(f"data validate: {args.data} was converted for env.kind {recorded!r}, not {args.kind!r}")
+    args.kind = args.kind or recorded
     if args.kind:  # and what that environment needs of its records (its GX suite's rules)
         from agentr1.env.registry import check_records
 
@@ -151,7 +165,8 @@ def cmd_data_validate(args: argparse.Namespace) -> int:
 
 
 def _add_data(subparsers: argparse._SubParsersAction) -> None:
-    from agentr1.data.convert import CONVERTERS, DEFAULT_DEV_FRACTION, DEFAULT_SPLIT
+    from agentr1.data.convert import DEFAULT_DEV_FRACTION, DEFAULT_SPLIT
+    from agentr1.env.registry import data_formats
 
     data = subparsers.add_parser("data", help="build, convert and inspect QA datasets")
     sub = data.add_subparsers(dest="data_command", required=True, metavar="{synth,convert,validate,retrieval-eval}")
@@ -180,9 +195,15 @@ def _add_data(subparsers: argparse._SubParsersAction) -> None:
                             "default: %(default)s")
     synth.set_defaults(func=cmd_data_synth)
 
-    convert = sub.add_parser("convert", help="convert HotpotQA / MuSiQue JSON into the shared format")
-    convert.add_argument("--format", required=True, choices=sorted(CONVERTERS))
-    convert.add_argument("--input", required=True, help="a JSON list or JSON-lines file")
+    convert = sub.add_parser("convert", help="convert a benchmark's files into the shared format (HotpotQA, MuSiQue, "
+                             "BFCL, SVAMP, MAWPS + ASDiv-A, GSM8K); the dataset records its environment kind")
+    convert.add_argument("--format", required=True, choices=sorted(data_formats()),
+                         help="hotpotqa, musique (env.kind qa); bfcl (function_call); svamp, mawps, gsm8k (math_tool)")
+    convert.add_argument("--input", default=None, help="the file to convert (JSON list, JSON lines or, for mawps, the "
+                         "CSV); for bfcl a BFCL data directory, default: the installed bfcl-eval package's")
+    convert.add_argument("--category", action="append", default=[], metavar="NAME[,NAME]",
+                         help="bfcl: the categories to convert (simple_python, live_simple, multiple, live_multiple; "
+                              "default: all four)")
     convert.add_argument("--out", required=True, help="dataset directory to write (as for synth --out)")
     convert.add_argument("--split", default=DEFAULT_SPLIT, help=f"split to put every record in (default: {DEFAULT_SPLIT})")
     convert.add_argument("--test-fraction", type=float, default=None,
@@ -194,7 +215,8 @@ def _add_data(subparsers: argparse._SubParsersAction) -> None:
     validate = sub.add_parser("validate", help="check a dataset dir (the schema every entry point uses); prints counts")
     validate.add_argument("--data", required=True, help="dataset directory")
     validate.add_argument("--kind", default=None, help="also check what this environment kind needs of its records "
-                          "(its Great Expectations suite's rules), e.g. sql, or a plug-in's with --plugin")
+                          "(its Great Expectations suite's rules), e.g. sql, or a plug-in's with --plugin; default: "
+                          "the kind a converted dataset records")
     validate.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
                           help="a plug-in to load first (repeatable)")
     validate.set_defaults(func=cmd_data_validate)
@@ -342,11 +364,20 @@ def cmd_ask(args: argparse.Namespace) -> int:
     quiet_third_party()
     try:
         check_request(args.question, args.temperature)  # before seconds of loading
+        functions = None
+        if args.functions:  # one list of function documents, for every question
+            from agentr1.agent import check_functions
+
+            try:
+                text = open(args.functions, encoding="utf-8").read()
+            except OSError as e:
+                raise FileNotFoundError(f"--functions {args.functions}: {e.strerror}") from None
+            functions = [check_functions(text, f"--functions {args.functions}")] * len(args.question)
         with stdout_to_stderr():
             from cli.agents import load_agent
 
             label, agent = load_agent(args)
-            results = agent.answer(args.question, args.temperature, args.seed)
+            results = agent.answer(args.question, args.temperature, args.seed, functions)
     except (LookupError, ValueError, FileNotFoundError) as e:
         print(f"agentr1: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -367,6 +398,9 @@ def _add_ask(subparsers: argparse._SubParsersAction) -> None:
     ask.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
     ask.add_argument("--seed", type=int, default=0, help="sampling seed (with --temperature > 0)")
     ask.add_argument("--json", action="store_true", help="print one JSON document (for scripts)")
+    ask.add_argument("--functions", default=None, metavar="FILE",
+                     help="a function-calling agent (env.kind function_call): a JSON list of the function documents "
+                          "the questions may call (BFCL's {name, description, parameters}, or OpenAI tools)")
     _add_config_args(ask, "conf/train.yaml")
     ask.add_argument("question", nargs="+")
     ask.set_defaults(func=cmd_ask)

@@ -36,7 +36,9 @@ import threading
 
 from transformers import PreTrainedTokenizerBase
 
+from agentr1.env.protocol import hermes_tools_block
 from models.tokenizer import single_token_ids
+
 
 def _plain_markup_pattern(tokenizer: PreTrainedTokenizerBase) -> re.Pattern | None:
     """A pattern matching the markup tokens (``<...>``) the vocabulary added without the special
@@ -56,19 +58,6 @@ _USER_PROBE = "USERPROBE"
 _TOOL_PROBE = "TOOLPROBE"
 # Action strings at which a turn ends (the policy stops generating there).
 STOP_STRINGS = ("</tool_call>", "</answer>")
-
-
-def hermes_tools_block(tools: list[dict]) -> str:
-    """The tool section Qwen2.5's chat template appends to the system message (Hermes format),
-    for templates that ignore ``tools=``."""
-    import json
-
-    listed = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
-    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-            f"{listed}\n</tools>\n\nFor each function call, return a json object with function name and "
-            "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 
 
 class ChatFormat:

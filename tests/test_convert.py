@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agentr1.data.convert import convert, convert_to_dataset, doc_id
+from agentr1.config import DataSource
+from agentr1.data.convert import convert, doc_id
+from agentr1.env.datasets import convert_to_dataset
 from agentr1.data.records import DataError, load_dataset
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "hipporag"
@@ -175,8 +177,9 @@ def test_unknown_format_and_empty_input(tmp_path):
 
 
 def test_convert_to_dataset_writes_a_loadable_split(tmp_path):
-    summary = convert_to_dataset("musique", _write(tmp_path / "m.json", [MUSIQUE_RECORD]), tmp_path / "ds", "eval")
-    assert summary == {"format": "musique", "splits": {"eval": 1}, "n_records": 1, "n_docs": 3, "n_supporting": 2}
+    source = DataSource(format="musique", input=str(_write(tmp_path / "m.json", [MUSIQUE_RECORD])), split="eval")
+    summary = convert_to_dataset(source, tmp_path / "ds")
+    assert summary["kind"] == "qa" and summary["splits"] == {"eval": 1} and summary["n_docs"] == 3
     splits, corpus = load_dataset(tmp_path / "ds")
     assert list(splits) == ["eval"] and splits["eval"][0].meta["hop_type"] == "3hop1" and len(corpus) == 3
 

@@ -191,7 +191,7 @@ def test_unknown_env_kind_and_tool_name_the_key_and_the_known_names():
     cfg = load_config(None, ["plugins=[missing_plugin.py]", "env.kind=sqlx"])  # validates: names are not its job
     with pytest.raises(RegistryError, match=r"plugins: cannot load 'missing_plugin.py'"):
         resolve(cfg)
-    with pytest.raises(RegistryError, match=r"env.kind: unknown environment 'sqlx'; registered: mixed, qa, sql, tools"):
+    with pytest.raises(RegistryError, match=r"env.kind: unknown environment 'sqlx'; registered: function_call, math_tool, mixed, qa, sql, tools"):
         resolve(load_config(None, ["env.kind=sqlx"]))
     with pytest.raises(RegistryError, match=r"env.tools: unknown tool 'calc'; registered: .*search"):
         resolve(load_config(None, ["env.tools=[calc]"]))

@@ -13,8 +13,8 @@ records (deduplicated by (title, text)), in order of first appearance; a paragra
 short sha1 of its title and text, so the same paragraph gets the same id in every
 conversion. Every record goes into one split (``DEFAULT_SPLIT`` unless told otherwise), or,
 with dev/test fractions, into train/dev/test by a hash of its id (:func:`split_of`: stable,
-so adding records never moves old ones). The pipeline's data form and ``agentr1 data
-convert`` share this one function.
+so adding records never moves old ones). The pipeline's data form, ``data.sources`` and
+``agentr1 data convert`` all write through ``agentr1.env.datasets``.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from agentr1.data.records import DataError, Document, QARecord, unencodable, write_dataset
+from agentr1.data.records import DataError, Document, QARecord, unencodable
 
 DEFAULT_SPLIT = "dev"
 DOC_ID_CHARS = 16
@@ -305,23 +305,3 @@ def check_fractions(dev: float, test: float) -> None:
     """Raise ValueError unless ``dev``/``test`` shares leave a train split."""
     if not (0 <= dev < 1 and 0 < test < 1 and dev + test < 1):
         raise ValueError(f"split fractions dev={dev}, test={test}: need 0 <= dev, 0 < test and dev + test < 1")
-
-
-def convert_to_dataset(fmt: str, input_path: str | os.PathLike, out_dir: str | os.PathLike,
-                       split: str = DEFAULT_SPLIT, fractions: tuple[float, float] | None = None) -> dict:
-    """Convert and write DIR/qa/<split>.jsonl + DIR/corpus.jsonl: every record in ``split``, or,
-    with ``fractions=(dev, test)``, in train/dev/test by :func:`split_of` (an empty split is
-    left out). Returns a small summary with the records per split."""
-    records, corpus = convert(fmt, input_path)
-    if fractions is None:
-        splits = {split: records}
-    else:
-        dev, test = fractions
-        check_fractions(dev, test)
-        splits = {"train": [], "dev": [], "test": []}
-        for r in records:
-            splits[split_of(r.id, dev, test)].append(r)
-        splits = {k: v for k, v in splits.items() if v}
-    write_dataset(out_dir, splits, corpus)
-    return {"format": fmt, "splits": {k: len(v) for k, v in splits.items()}, "n_records": len(records),
-            "n_docs": len(corpus), "n_supporting": sum(len(r.supporting_docs) for r in records)}

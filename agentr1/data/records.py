@@ -203,6 +203,13 @@ class QARecord:
         return cls(**{r.name: r.check(row) for r in QA_RULES}, meta=meta)
 
 
+def check_record(record: QARecord, path: str | os.PathLike, line: int | None) -> None:
+    """``record`` by the schema every loader applies (field sizes, hops), a DataError naming
+    ``path``, ``line`` and the field as the loader would: a converter's check of what it made,
+    reported against the input row."""
+    QARecord.from_json(record.to_json(), path, line)
+
+
 @dataclass(frozen=True)
 class Document:
     """One searchable passage."""
@@ -523,6 +530,17 @@ def _marked_files(data_dir: Path) -> list[str] | None:
     return [f for f in files if isinstance(f, str)] if isinstance(files, list) else None
 
 
+def dataset_kind(data_dir: str | os.PathLike) -> str | None:
+    """The environment kind a dataset was converted for (recorded in its marker by
+    ``write_dataset(kind=...)``), None when it records none (generated data, a user's own)."""
+    try:
+        marker = json.loads((Path(data_dir) / MARKER_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    kind = marker.get("kind") if isinstance(marker, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def _file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -629,9 +647,11 @@ def write_dataset(
     corpus: list[Document],
     overwrite: bool = True,
     files: dict[str, bytes] | None = None,
+    kind: str | None = None,
 ) -> None:
     """Write DIR/qa/{split}.jsonl, DIR/corpus.jsonl, ``files`` ({name: bytes}, e.g. the SQL
-    world's database) and the generator's marker atomically, after the written files pass
+    world's database) and the generator's marker (with ``kind``, the environment kind the data is
+    for, when given: :func:`dataset_kind`) atomically, after the written files pass
     ``check_dataset`` (errors name the files under ``out_dir``).
 
     ``out_dir`` must not exist, or be a dataset this function wrote (marker) holding nothing
@@ -660,7 +680,7 @@ def write_dataset(
         raise_errors([_moved(e, tmp, target) for e in check_dataset(tmp)])
         written = [CORPUS_FILE, *(f"{QA_DIR}/{split}.jsonl" for split in splits), *(files or {})]
         digests = {f: _file_sha256(tmp / f) for f in written}
-        (tmp / MARKER_FILE).write_text(json.dumps({"generator": MARKER_GENERATOR, "files": written,
-                                                   "sha256": digests}) + "\n")
+        marker = {"generator": MARKER_GENERATOR, "files": written, "sha256": digests, **({"kind": kind} if kind else {})}
+        (tmp / MARKER_FILE).write_text(json.dumps(marker) + "\n")
 
     atomic_dir(target, write)

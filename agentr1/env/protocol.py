@@ -108,6 +108,19 @@ def _bad_call(message: str) -> ParsedTurn:
     return _invalid(f"invalid tool call: {message}")
 
 
+def hermes_tools_block(tools: list[dict]) -> str:
+    """The tool section Qwen2.5's chat template appends to the system message (Hermes format),
+    for templates that ignore ``tools=`` (the chat format's ``tools_in_system``) and for
+    records that bring their own functions (the ``function_call`` environment): the same text
+    BFCL's Qwen function-calling handler writes."""
+    listed = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+            f"{listed}\n</tools>\n\nFor each function call, return a json object with function name and "
+            "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+
 def format_call(name: str, arguments: dict) -> str:
     """The canonical tool-call action (what demonstrations contain)."""
     call = {"name": name, "arguments": arguments}

@@ -2,8 +2,11 @@
 
 Built in: the environment kinds ``qa`` (multi-hop QA over the ``search`` tool, synthetic data
 generator included), ``sql`` (the same questions over an SQLite database with the ``sql`` tool,
-generator included), ``mixed`` (both tools in one episode) and ``tools`` (any registered tools, demonstrations from each record's gold
-calls), and the tools ``search`` and ``sql``. A user's module registers more without touching ``agentr1/``::
+generator included), ``mixed`` (both tools in one episode), ``tools`` (any registered tools, demonstrations from each record's gold
+calls), ``function_call`` (BFCL: each record's own functions, one call judged by BFCL's checker) and
+``math_tool`` (word problems with the ``calculate`` tool), and the tools ``search``, ``sql`` and
+``calculate``. A kind may name converters from input formats (``data.sources``,
+``agentr1 data convert``): ``agentr1.env.datasets`` makes every dataset through them. A user's module registers more without touching ``agentr1/``::
 
     from agentr1.env.registry import register_tool
 
@@ -27,7 +30,7 @@ import importlib
 import importlib.util
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -81,6 +84,10 @@ def _gold_values_problems(row: dict) -> int:
     return sum(not (isinstance(v, str) and v.strip()) for v in values)
 
 
+def _bfcl_problems(row: dict) -> int:
+    return sum(key not in row for key in ("functions", "ground_truth", "category"))
+
+
 GOLD_CALLS_RULE = RecordRule("gold_calls", 'a train record has gold calls: "calls": [{"name": <tool>, '
                              '"arguments": {...}}, ...], which the warm-up demonstrates', "calls", _gold_calls_problems)
 
@@ -97,6 +104,9 @@ class EnvKind:
     synth: Callable[[Config], tuple[dict, list]] | str | None = None
     description: str = ""
     record_rules: tuple[RecordRule, ...] = ()
+    converters: dict[str, Callable | str] = field(default_factory=dict)
+    """Input formats this kind's data is converted from (``data.sources``, ``agentr1 data convert
+    --format``): format -> ``convert(source: DataSource) -> (records, corpus, {reason: left out})``."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +123,9 @@ _ENVS: dict[str, EnvKind] = {
                   "multi-hop QA: search a document collection, then answer",
                   (RecordRule("demonstrable", "a train record has a relation chain (synthetic: chain) or supporting "
                               "documents (converted data), so the warm-up can demonstrate it", "supporting_docs",
-                              _has_chain_or_support),)),
+                              _has_chain_or_support),),
+                  {"hotpotqa": "agentr1.env.datasets:convert_hotpotqa",
+                   "musique": "agentr1.env.datasets:convert_musique"}),
     "sql": EnvKind("sql", "agentr1.env.sql_env:build", ("sql",), "agentr1.env.sql_synth:generate_from_config",
                    "question answering over an SQLite database with the sql tool",
                    (RecordRule("demonstrable", "a train record has a generated hop chain (meta.chain) or gold calls "
@@ -130,10 +142,29 @@ _ENVS: dict[str, EnvKind] = {
     "tools": EnvKind("tools", "agentr1.env.base:build_tool_env", (),
                      description="answer with any registered tools; demonstrations from each record's meta.calls",
                      record_rules=(GOLD_CALLS_RULE,)),
+    "function_call": EnvKind("function_call", "agentr1.env.function_call.env:build",
+                             description="function calling: each record brings its functions, one call answers it, "
+                                         "judged by BFCL's checker",
+                             record_rules=(RecordRule("bfcl_fields", "a record carries its functions, its possible "
+                                                      "answers (ground_truth) and its BFCL category", "functions",
+                                                      _bfcl_problems, ("train", "dev", "test")),
+                                           GOLD_CALLS_RULE),
+                             converters={"bfcl": "agentr1.env.function_call.bfcl:convert"}),
+    "math_tool": EnvKind("math_tool", "agentr1.env.math_tool.env:build", ("calculate",),
+                         description="arithmetic word problems with the calculate tool, answered with a number",
+                         record_rules=(GOLD_CALLS_RULE,
+                                       RecordRule("gold_values", "a record lists its solution's step values "
+                                                  "(gold_values, strings), what the process reward looks for in "
+                                                  "results", "gold_values", _gold_values_problems,
+                                                  ("train", "dev", "test"))),
+                         converters={"svamp": "agentr1.env.math_tool.convert:convert_svamp",
+                                     "mawps": "agentr1.env.math_tool.convert:convert_mawps",
+                                     "gsm8k": "agentr1.env.math_tool.convert:convert_gsm8k"}),
 }
 _TOOLS: dict[str, ToolEntry] = {
     "search": ToolEntry("search", "agentr1.env.search:search_tool", factory=True),
     "sql": ToolEntry("sql", "agentr1.env.sql:sql_tool", factory=True),
+    "calculate": ToolEntry("calculate", "agentr1.env.math_tool.calculator:calculate"),
 }
 
 
@@ -159,16 +190,17 @@ def _replacing(kind: str, name: str, old: Any | None, new: Callable) -> None:
 
 def register_environment(name: str, build: Callable | None = None, *, tools: tuple[str, ...] | list[str] = (),
                          synth: Callable | None = None, description: str = "",
-                         record_rules: tuple[RecordRule, ...] | list[RecordRule] = (GOLD_CALLS_RULE,)) -> Callable:
+                         record_rules: tuple[RecordRule, ...] | list[RecordRule] = (GOLD_CALLS_RULE,),
+                         converters: dict[str, Callable] | None = None) -> Callable:
     """Make ``env.kind: name`` build ``build(cfg, data_dir, tools) -> Environment`` (``tools``:
     the registered ``tools`` it always has, then the config's ``env.tools``); ``synth(cfg) ->
     (splits, corpus)`` generates its data; ``record_rules`` are what its records must satisfy
-    (default: gold calls, what ``ToolEnv``'s demonstrator plays). Used as a call, or as a
-    decorator without ``build``."""
+    (default: gold calls, what ``ToolEnv``'s demonstrator plays); ``converters`` the input formats
+    its data is converted from (``data.sources``). Used as a call, or as a decorator without ``build``."""
     def decorate(target: Callable) -> Callable:
         _replacing("environment", name, _ENVS[name].build if name in _ENVS else None, target)
         _ENVS[name] = EnvKind(name, target, tuple(tools), synth, description or (target.__doc__ or "").strip(),
-                              tuple(record_rules))
+                              tuple(record_rules), dict(converters or {}))
         return target
     return decorate(build) if build is not None else decorate
 
@@ -195,6 +227,20 @@ def register_tool(fn: Callable | None = None, *, name: str | None = None, factor
 
 def environment_kinds() -> list[str]:
     return sorted(_ENVS)
+
+
+def data_formats() -> dict[str, str]:
+    """Every input format a registered kind converts from, with that kind's name."""
+    return {fmt: kind.name for kind in _ENVS.values() for fmt in kind.converters}
+
+
+def converter(fmt: str) -> tuple[str, Callable]:
+    """``(kind name, convert)`` of input format ``fmt``; RegistryError listing the known ones."""
+    formats = data_formats()
+    if fmt not in formats:
+        raise RegistryError(f"unknown data format {fmt!r}; known: {', '.join(sorted(formats))} (a plug-in registers "
+                            "more: register_environment(converters=...))")
+    return formats[fmt], _resolve(_ENVS[formats[fmt]].converters[fmt])
 
 
 def tool_names() -> list[str]:

@@ -112,6 +112,12 @@ class RewardWeights:
     """Process: each malformed turn."""
     process_enabled: bool
     """Off: every process reward is 0 (components are still reported)."""
+    process_call_name: float
+    """Process (function calling): the call names the gold function."""
+    process_call_keys: float
+    """Process (function calling): the right function with exactly the allowed argument names."""
+    process_call_values: float
+    """Process (function calling): the right function, times the share of arguments right."""
 
     @classmethod
     def from_config(cls, reward: RewardConfig, **changes) -> "RewardWeights":

@@ -12,9 +12,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from agentr1.config import Config, ConfigError
-from agentr1.data.convert import DEFAULT_DEV_FRACTION, DEFAULT_TEST_FRACTION, SYNTHETIC, convert_to_dataset
-from agentr1.data.records import DataError, QARecord, generation_needed, load_dataset, split_path, write_dataset
+from agentr1.config import Config, ConfigError, DataSource
+from agentr1.data.convert import DEFAULT_DEV_FRACTION, DEFAULT_TEST_FRACTION, SYNTHETIC
+from agentr1.data.records import (DataError, QARecord, dataset_kind, generation_needed, load_dataset, split_path,
+                                  write_dataset)
+from agentr1.env.datasets import convert_sources, convert_to_dataset, write_converted
 from agentr1.env.base import Environment
 from agentr1.env.registry import build_env, synth_data
 from agentr1.fsutil import writer_lock
@@ -43,10 +45,11 @@ def resolve_device(cfg: Config) -> torch.device:
 def ensure_data(cfg: Config, source: str = SYNTHETIC, input_path: str | None = None,
                 fractions: tuple[float, float] = (DEFAULT_DEV_FRACTION, DEFAULT_TEST_FRACTION)) -> Path:
     """The dataset directory, made there only when the directory does not exist or is an
-    incomplete one agentr1 generated (marker): the environment's synthetic world, or ``input_path``
-    converted by ``source`` (a ``SOURCE_KINDS`` converter) into train/dev/test by ``fractions``
-    (dev, test). Any other directory is left as it is for the loader to judge: an incomplete one
-    is refused, naming what is missing."""
+    incomplete one agentr1 generated (marker): converted from ``data.sources`` when the config
+    has some, else ``input_path`` converted by ``source`` (a ``SOURCE_KINDS`` converter) into
+    train/dev/test by ``fractions`` (dev, test), else the environment's synthetic world. Any other
+    directory is left as it is for the loader to judge: an incomplete one is refused, naming what
+    is missing."""
     data_dir = Path(cfg.data.dir)
     if not generation_needed(data_dir):
         return data_dir
@@ -59,10 +62,15 @@ def ensure_data(cfg: Config, source: str = SYNTHETIC, input_path: str | None = N
 
 def _make_data(cfg: Config, data_dir: Path, source: str, input_path: str | None,
                fractions: tuple[float, float]) -> None:
-    if source != SYNTHETIC:
+    if cfg.data.sources:
+        converted = convert_sources(cfg.data.sources)
+        log.info("converting %d data source(s) into %s: %s", len(cfg.data.sources), data_dir,
+                 ", ".join(f"{n} {s}" for s, n in converted.summary["splits"].items()))
+        write_converted(converted, data_dir)
+    elif source != SYNTHETIC:
         if not input_path:
             raise ValueError(f"data source {source!r} needs an input file (data.input)")
-        convert_to_dataset(source, input_path, data_dir, fractions=fractions)
+        convert_to_dataset(DataSource(format=source, input=input_path), data_dir, fractions)
     else:
         log.info("generating the %s environment's synthetic data (seed %d) into %s",
                  cfg.env.kind, cfg.data.synth.seed, data_dir)
@@ -103,6 +111,10 @@ class Workspace:
     @classmethod
     def build(cls, cfg: Config) -> "Workspace":
         data_dir = ensure_data(cfg)
+        recorded = dataset_kind(data_dir)
+        if recorded is not None and recorded != cfg.env.kind:
+            raise ConfigError(f"data.dir {data_dir} holds data converted for env.kind {recorded!r}, not "
+                              f"{cfg.env.kind!r}: set env.kind={recorded}, or point data.dir at {cfg.env.kind} data")
         splits, _ = load_dataset(data_dir)  # the one schema check: bad data stops here, before any write
         return cls(data_dir, splits, build_env(cfg, data_dir), resolve_device(cfg), cfg.env.tools_in_prompt)
 
