@@ -8,10 +8,13 @@ JSON-ready dict (the MLflow model in ``tasks/agent_model.py`` and ``agentr1 ask`
 
     {"question": str, "answer": str | None,
      "tool_calls": [{"name": str, "arguments": dict, "result": str | None}],
-     "turns": int, "finish": "answer" | "max_turns" | "context",
+     "turns": int, "finish": "answer" | "max_turns" | "context" | "call",
      "transcript": [{"role": "assistant" | "tool", "text": str}]}
 
 A tool call's ``result`` is None when the episode ended on that turn (the policy never saw it).
+A function-calling agent (``env.kind: function_call``) is asked a question with the functions it
+may call (``functions``): its episode ends with the call, which is the result (``finish``
+"call", the call in ``tool_calls``, no answer); the caller runs it.
 
 The same episode in MLflow's agent shapes, for a conversation whose last user message is the
 question: :func:`responses_output` (MLflow's ``ResponsesAgent``: ``function_call`` and
@@ -40,11 +43,51 @@ MAX_QUESTION_CHARS = MAX_FIELD_CHARS["question"]
 """The dataset loader's own limit for a question (``agentr1.data.records``): no training
 question was longer, and a longer one would mostly fill the context before the first turn."""
 SOURCE = "ask"  # the QARecord source of a question asked here
+FUNCTIONS = "functions"  # what a function-calling agent's questions bring: their function documents
 
 
-def question_record(question: str, rid: str = "0") -> QARecord:
-    """A question asked here as the record an episode plays (no gold answer: nothing is scored)."""
-    return QARecord(id=rid, question=question, answers=(), supporting_docs=(), hops=1, source=SOURCE)
+MAX_FUNCTIONS_CHARS = 100_000
+"""A question's function documents beyond this (as JSON) are refused: they would fill the context."""
+
+
+def question_record(question: str, rid: str = "0", functions: list[dict] | None = None,
+                    system: str | None = None) -> QARecord:
+    """A question asked here as the record an episode plays (no gold answer: nothing is scored);
+    with ``functions`` (and the request's own ``system`` message) for an agent whose questions
+    bring their own functions (``function_call``)."""
+    meta = {"functions": functions} if functions is not None else {}
+    if system:
+        meta["system"] = system
+    return QARecord(id=rid, question=question, answers=(), supporting_docs=(), hops=1, source=SOURCE, meta=meta)
+
+
+def check_functions(functions: object, where: str = "functions") -> list[dict]:
+    """The function documents a question brings: a list (or its JSON text) of BFCL-style
+    ``{"name", "description", "parameters"}`` objects or OpenAI tools (``{"type": "function",
+    "function": {...}}``, unwrapped); ValueError naming the field otherwise."""
+    if isinstance(functions, str):
+        if len(functions) > MAX_FUNCTIONS_CHARS:
+            raise ValueError(f"field {where!r} has {len(functions)} characters; at most {MAX_FUNCTIONS_CHARS}")
+        try:
+            functions = json.loads(functions)
+        except (ValueError, RecursionError):
+            raise ValueError(f"field {where!r} is not JSON (a list of function documents)") from None
+    if not isinstance(functions, list) or not functions:
+        raise ValueError(f"field {where!r} must be a non-empty list of function documents")
+    out = []
+    for i, f in enumerate(functions):
+        if isinstance(f, Mapping) and f.get("type") == "function" and isinstance(f.get("function"), Mapping):
+            f = f["function"]
+        if not (isinstance(f, Mapping) and isinstance(f.get("name"), str) and f["name"].strip()
+                and isinstance(f.get("parameters", {}), Mapping)):
+            raise ValueError(f"field {where!r}[{i}] must be a function document with a name and parameters")
+        out.append({"name": f["name"], "description": str(f.get("description", "")),
+                    "parameters": dict(f.get("parameters", {}))})
+    if len(json.dumps(out, ensure_ascii=False, default=str)) > MAX_FUNCTIONS_CHARS:
+        raise ValueError(f"field {where!r}: the function documents are longer than {MAX_FUNCTIONS_CHARS} characters")
+    if unencodable(out) is not None:
+        raise ValueError(f"field {where!r} is not valid Unicode text (a lone surrogate)")
+    return out
 
 
 def check_questions(questions: Sequence[object]) -> list[str]:
@@ -162,13 +205,16 @@ class Agent:
         self.cfg = cfg
         self.engine = make_engine(cfg, env, model, self.tokenizer, ChatFormat(self.tokenizer, ws.tools), ws.device)
 
-    def play(self, questions: Sequence[object], temperature: float = 0.0, seed: int = 0
-             ) -> list[tuple[str, Trajectory]]:
+    def play(self, questions: Sequence[object], temperature: float = 0.0, seed: int = 0,
+             functions: Sequence[object] | None = None) -> list[tuple[str, Trajectory]]:
         """One episode per question, :data:`BATCH` at a time; greedy at ``temperature`` 0: each
-        question with its trajectory. ValueError (naming the row) for a bad question, before
-        anything runs."""
+        question with its trajectory. ``functions``: per question, the function documents it
+        brings (:func:`check_functions`), which an agent of an environment whose questions bring
+        their own (``tools_per_record``: ``function_call``) needs and any other refuses.
+        ValueError (naming the row) for a bad question, before anything runs."""
         questions = check_request(questions, temperature)
-        records = [question_record(q, str(i)) for i, q in enumerate(questions)]
+        docs = self.check_functions(functions, len(questions))
+        records = [question_record(q, str(i), d) for i, (q, d) in enumerate(zip(questions, docs))]
         out = []
         for start in range(0, len(records), BATCH):
             chunk = records[start: start + BATCH]
@@ -176,6 +222,23 @@ class Agent:
                                                                            temperature=temperature))]
         return out
 
-    def answer(self, questions: Sequence[object], temperature: float = 0.0, seed: int = 0) -> list[dict]:
+    def check_functions(self, functions: Sequence[object] | None, n: int) -> list[list[dict] | None]:
+        """Each question's function documents (None where it brings none); ValueError naming the
+        row when this agent needs them and one has none, or does not take them."""
+        per_record = getattr(self.env, "tools_per_record", False)
+        if functions is None:
+            if per_record:
+                raise ValueError(f"field {FUNCTIONS!r}: this agent calls the functions each question brings "
+                                 "(--functions FILE, a 'functions' column, or the request's tools)")
+            return [None] * n
+        if not per_record:
+            raise ValueError(f"field {FUNCTIONS!r}: this agent calls its own tools "
+                             f"({', '.join(t['function']['name'] for t in self.env.tools)}), not a question's functions")
+        if len(functions) != n:
+            raise ValueError(f"field {FUNCTIONS!r}: {len(functions)} lists for {n} questions")
+        return [check_functions(f, f"row {i}: functions") for i, f in enumerate(functions)]
+
+    def answer(self, questions: Sequence[object], temperature: float = 0.0, seed: int = 0,
+               functions: Sequence[object] | None = None) -> list[dict]:
         """:meth:`play`'s episodes as JSON-ready results (module docstring)."""
-        return [transcript(q, t, self.env) for q, t in self.play(questions, temperature, seed)]
+        return [transcript(q, t, self.env) for q, t in self.play(questions, temperature, seed, functions)]

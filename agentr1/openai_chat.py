@@ -14,6 +14,9 @@ policy was trained on, with the run's own chat format (:class:`models.chat.ChatF
   ``content`` the answer (``<answer>...</answer>``) unless it is already a tagged turn;
 - ``tool`` messages become observations, as the environment's would be (several after one
   call are joined by a blank line).
+- for a function-calling model (``env.kind: function_call``), the request's ``tools`` are the
+  question's functions: the system turn lists them as in training (after the request's own
+  system message, if any), and the model answers with one call of one of them.
 
 The policy makes one call per turn (the protocol it was trained on), so an assistant message
 with several tool calls, a second ``user`` message, or messages out of this order are refused
@@ -34,7 +37,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agentr1.agent import question_record
+from agentr1.agent import check_functions, question_record
 from agentr1.data.records import unencodable
 from agentr1.env.protocol import ANSWER_START, TOOL_CALL_START, format_answer, format_call
 
@@ -171,14 +174,24 @@ class ChatCompletions:
         self.agent, self.model_name = agent, model_name
         self._lock = threading.Lock()
 
-    def _prompt(self, messages: Sequence[Any]) -> list[int]:
+    def _prompt(self, messages: Sequence[Any], tools: Any = None) -> list[int]:
         engine = self.agent.engine
         system, question, turns = episode(messages)
         chat, env = engine.chat, self.agent.env
         # The question as every episode puts it (the environment's user prompt), as in training,
         # `agentr1 ask` and the MLflow model.
-        ids = list(chat.prompt_ids(env.system_turn() if system is False else system,
-                                   env.user_prompt(question_record(question))))
+        if getattr(env, "tools_per_record", False):  # a function caller: the request's tools are the question's
+            if not tools:
+                raise ChatRequestError("tools: this model calls the functions a request offers; give them")
+            try:
+                functions = check_functions(tools, "tools")
+            except ValueError as err:
+                raise ChatRequestError(str(err)) from None
+            record = question_record(question, functions=functions, system=system or None)
+            ids = list(chat.prompt_ids(env.system_turn(record), env.user_prompt(record)))
+        else:
+            ids = list(chat.prompt_ids(env.system_turn() if system is False else system,
+                                       env.user_prompt(question_record(question))))
         for text, observation in turns:
             turn = chat.turn_ids(text)
             ids += turn
@@ -215,7 +228,7 @@ class ChatCompletions:
                 raise ChatRequestError(f"{name}: {value!r} is out of range")
         if given("n", 1) != 1:
             raise ChatRequestError("n: this model returns one choice")
-        prompt = self._prompt(request.get("messages"))  # ChatFormat encodes one request at a time
+        prompt = self._prompt(request.get("messages"), request.get("tools"))  # ChatFormat encodes one at a time
         room = settings.max_context_tokens - len(prompt)
         if room < 1:
             raise ChatRequestError(f"messages: {len(prompt)} tokens fill the model's context of "

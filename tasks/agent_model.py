@@ -18,7 +18,8 @@ own settings as ``model_config`` (``tracking.agent_config``):
 
 ``predict(DataFrame with a "question" column, params={"temperature": 0.0, "seed": 0})``
 returns one ``agentr1.agent`` result dict per question (answer, tool calls with results,
-turns, finish). It also answers MLflow's agent requests, one conversation each, whose last
+turns, finish); a function-calling agent's rows also need a ``functions`` column (each row's
+function documents as JSON text), and its result is the call. It also answers MLflow's agent requests, one conversation each, whose last
 user message is the question: ``{"input": [{"role": "user", "content": ...}]}`` (the
 ``ResponsesAgent`` shape) returns the episode as Responses output items
 (``agentr1.agent.responses_output``), ``{"messages": [...]}`` (``ChatAgent``) as chat messages
@@ -37,8 +38,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from agentr1.agent import chat_agent_output, check_request, question_of, responses_output, transcript
-from tasks.tracking import (CHAT_MESSAGES, CORPUS_ARTIFACT, MCP_ARTIFACT, PLUGIN_ARTIFACT, POLICY_ARTIFACT, QUESTION,
-                            RESOURCES_ARTIFACT, RESPONSES_INPUT)
+from tasks.tracking import (CHAT_MESSAGES, CORPUS_ARTIFACT, FUNCTIONS, MCP_ARTIFACT, PLUGIN_ARTIFACT, POLICY_ARTIFACT,
+                            QUESTION, RESOURCES_ARTIFACT, RESPONSES_INPUT)
 
 
 class AgentModel(mlflow.pyfunc.PythonModel):
@@ -80,16 +81,21 @@ class AgentModel(mlflow.pyfunc.PythonModel):
                                   f"{CHAT_MESSAGES!r} messages), got {got}", INVALID_PARAMETER_VALUE)
         try:  # a bad question or parameter is the caller's error (4xx), not the server's
             temperature, seed = float(params.get("temperature", 0.0)), int(params.get("seed", 0))
+            functions = None
             if shape == QUESTION:
                 questions = check_request(model_input[QUESTION].tolist(), temperature)
+                if FUNCTIONS in columns and model_input[FUNCTIONS].notna().any():
+                    functions = model_input[FUNCTIONS].tolist()
             else:  # one conversation: its last user message is the question
                 rows = model_input[shape].dropna().tolist()
                 if len(rows) != 1:
                     raise ValueError(f"field {shape!r}: one conversation per request, got {len(rows)}")
                 questions = check_request([question_of(rows[0], shape)], temperature)
+            functions = self.agent.check_functions(functions, len(questions))
         except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: int(float("inf"))
             raise MlflowException(str(exc), INVALID_PARAMETER_VALUE) from None
-        episodes = self.agent.play(questions, temperature=temperature, seed=seed)
+        episodes = self.agent.play(questions, temperature=temperature, seed=seed,
+                                   functions=None if functions[0] is None else functions)
         if self.trace_experiment:
             from tasks import traces
 

@@ -137,6 +137,7 @@ PLUGIN_ARTIFACT = "plugin_"
 MCP_ARTIFACT = "mcp_"
 """``mcp_<server>_<argument>``: a file an MCP server's command names (agentr1.env.mcp.command_files)."""
 QUESTION = "question"  # the model's input column; or one agent conversation in either of:
+FUNCTIONS = "functions"  # beside "question", for a function-calling agent: each row's function documents (JSON)
 RESPONSES_INPUT = "input"  # MLflow ResponsesAgent requests
 CHAT_MESSAGES = "messages"  # MLflow ChatAgent requests
 AGENT_SECTIONS = ("seed", "env", "reward", "rollout")  # the config an episode depends on
@@ -746,6 +747,7 @@ def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str 
     # "messages"): tasks/agent_model.py answers each in its own shape.
     messages = Array(Object([Property("role", "string"), Property("content", "string")]))
     signature = ModelSignature(inputs=Schema([ColSpec("string", QUESTION, required=False),
+                                              ColSpec("string", FUNCTIONS, required=False),
                                               ColSpec(messages, RESPONSES_INPUT, required=False),
                                               ColSpec(messages, CHAT_MESSAGES, required=False)]),
                                params=ParamSchema([ParamSpec("temperature", "double", 0.0),
