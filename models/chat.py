@@ -21,10 +21,11 @@ Three things depend on the vocabulary and template, and are decided here once:
   gets them; one that ignores them (SmolLM2's ChatML) gets them in the system message, in the
   Hermes layout Qwen2.5's template writes (``hermes_tools_block``), which vLLM's hermes tool
   parser reads back.
-* **Environment text is data.** An observation's body (a tool result, a document) is encoded
-  with special-token parsing off (``split_special_tokens``): a document that contains
-  ``<|im_end|>`` or ``<answer>`` gives the pieces of that text, never the control token, so
-  nothing a tool returns can end a turn, open a new one or fake an answer. Markup tokens a
+* **Environment text is data.** An observation's body (a tool result, a document), the question
+  and the system prompt are encoded with special-token parsing off (``split_special_tokens``): a
+  document or a question that contains ``<|im_end|>`` or ``<answer>`` gives the pieces of that
+  text, never the control token, so nothing a tool returns or a user asks can end a turn, open
+  a new one or fake an answer. Markup tokens a
   vocabulary adds without the special flag (Qwen2.5's ``<tool_call>``, ``</tool_response>``),
   which that switch leaves whole, are cut into their characters.
 """
@@ -103,6 +104,8 @@ class ChatFormat:
         self._markers = tuple(dict.fromkeys(m for m in (self._end_of_turn, tokenizer.eos_token, tokenizer.pad_token,
                                                          tokenizer.unk_token) if m))
         self._plain_markup = _plain_markup_pattern(tokenizer)
+        added = sorted((t for t in tokenizer.get_added_vocab() if t), key=len, reverse=True)
+        self._added = re.compile("(" + "|".join(map(re.escape, added)) + ")") if added else None
 
     # -- rendering ---------------------------------------------------------------------------
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
@@ -190,8 +193,32 @@ class ChatFormat:
 
     def prompt_ids(self, system: str | None, user: str) -> list[int]:
         """Ids of ``prompt_text``; ends with the assistant header. ``system=None`` leaves the
-        system message out (a template may then insert its default one)."""
-        return self._encode(self.prompt_text(system, user))
+        system message out (a template may then insert its default one). The system and user
+        text are data, like an observation's body: a special token or a markup token spelled
+        inside them stays plain text (:meth:`_prompts`)."""
+        return self._prompts([(system, user)])[0]
+
+    def _prompts(self, items: list[tuple[str | None, str]]) -> list[list[int]]:
+        """``prompt_ids`` of many ``(system, user)``: the template is rendered with placeholders
+        for the two texts and cut at its added tokens; a plain piece that holds a placeholder is
+        encoded, the texts put back, with special-token parsing off (:meth:`_encode_data`), every
+        other piece as the template's own. The tokenizer cuts text at its added tokens before
+        anything else, so these are the ids of encoding the whole prompt at once, except that a
+        question or a system prompt can never spell a control token (``<|im_end|>``) into it."""
+        pieces, data, where = [], [], []
+        for system, user in items:
+            frame = self.prompt_text(_SYSTEM_PROBE if system else system, _USER_PROBE)
+            parts = self._added.split(frame) if self._added else [frame]
+            where.append([])
+            for k, part in enumerate(parts):
+                if k % 2 == 0 and (_SYSTEM_PROBE in part or _USER_PROBE in part):
+                    where[-1].append(("data", len(data)))
+                    data.append(part.replace(_SYSTEM_PROBE, system or "").replace(_USER_PROBE, user))
+                elif part:
+                    where[-1].append(("frame", len(pieces)))
+                    pieces.append(part)
+        frame_ids, data_ids = self._encode_many(pieces), self._encode_data(data)
+        return [[i for kind, n in spots for i in (data_ids if kind == "data" else frame_ids)[n]] for spots in where]
 
     def turn_ids(self, text: str) -> list[int]:
         """An assistant turn encoded on its own, as the policy emits it (no specials added; with
@@ -266,7 +293,7 @@ class ChatFormat:
                     f"encode_episode: {len(turns)} turns need {max(len(turns) - 1, 0)} observations, "
                     f"got {len(observations)} (and at least one turn)"
                 )
-        heads = self._encode_many([self.prompt_text(system, user) for system, user, _, _ in episodes])
+        heads = self._prompts([(system, user) for system, user, _, _ in episodes])
         turn_ids = iter(self._encode_many([self.turn_text(t) for _, _, turns, _ in episodes for t in turns]))
         turns_per_episode = [[next(turn_ids) for _ in turns] for _, _, turns, _ in episodes]
         obs_ids = iter(self._observations([

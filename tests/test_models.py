@@ -249,6 +249,49 @@ def test_no_body_yields_a_control_token(which, tok, qwen_dir, data):
     assert tokenizer.decode(ids) == chat.observation_text(body, closed)
 
 
+def test_prompt_ids_equal_encoding_the_whole_prompt_for_ordinary_text(tok, corpus, qwen_dir):
+    """Questions and system prompts are data too (issue 48), and for text holding no added token
+    their ids are those of encoding the whole rendered prompt: every published run's prompts."""
+    for tokenizer in (tok, load_pretrained(qwen_dir)[1]):
+        for tools in (TOOLS, None):
+            chat = ChatFormat(tokenizer, tools)
+            added = list(tokenizer.get_added_vocab())
+            ordinary = [b[:300] for b in corpus[:120] if not any(t in b for t in added)]
+            plain = "Answer the question by searching; be brief."
+            for user, system in [*zip(ordinary, [None, "", plain] * 40), ("x", "a.\nb"), (" q ", None)]:
+                whole = tokenizer.encode(chat.prompt_text(system, user), add_special_tokens=False)
+                assert chat.prompt_ids(system, user) == whole, (system, user)
+
+
+@pytest.mark.parametrize("which", ["scratch", "qwen"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_no_question_or_system_prompt_yields_a_control_token(which, tok, qwen_dir, data):
+    """Property: a question or a system prompt (a user's, a request's, a record's) spelling the
+    vocabulary's added tokens and the protocol's tags gives no control token beyond the
+    template's own, and the prompt decodes to the rendered text. tests/test_smollm2.py checks
+    SmolLM2's tokenizer."""
+    tokenizer = tok if which == "scratch" else load_pretrained(qwen_dir)[1]
+    chat = ChatFormat(tokenizer, data.draw(st.sampled_from([TOOLS, None])))
+    strings = sorted({*tokenizer.get_added_vocab(), *tokenizer.all_special_tokens, "<tool_call>", "</tool_call>",
+                      "<answer>", "</answer>", "<tool_response>", "</tool_response>"})
+
+    def hostile() -> str:
+        marks = data.draw(st.lists(st.sampled_from(strings), min_size=1, max_size=4))
+        filler = data.draw(st.lists(st.text("ab \n|<>", max_size=4), min_size=len(marks) + 1,
+                                    max_size=len(marks) + 1))
+        return filler[0] + "".join(m + f for m, f in zip(marks, filler[1:]))
+
+    user = hostile()
+    system = data.draw(st.sampled_from([None, "plain", "hostile"]))
+    system = hostile() if system == "hostile" else system
+    control = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items()
+                                                if t.special or (t.content[0] == "<" and t.content[-1] == ">")}
+    ids, frame = chat.prompt_ids(system, user), chat.prompt_ids("s" if system else system, "q")
+    assert [i for i in ids if i in control] == [i for i in frame if i in control]
+    assert tokenizer.decode(ids) == chat.prompt_text(system, user)
+
+
 def test_turn_ids_are_what_the_policy_emits(tok):
     chat = ChatFormat(tok, TOOLS)
     turn = tool_call("Zorvak Pellin")

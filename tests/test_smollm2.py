@@ -155,18 +155,39 @@ def test_observations_never_hold_special_tokens(world, data):
     assert tok.decode(ids) == chat.observation_text(body, closed)
 
 
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_questions_and_system_prompts_never_hold_special_tokens(world, data):
+    """The same for the prompt's own texts: a question or a system prompt is data (issue 48)."""
+    chat, tok = world["chat"], world["tok"]
+
+    def hostile() -> str:
+        marks = data.draw(st.lists(st.sampled_from(_strings(tok)), min_size=1, max_size=4))
+        filler = data.draw(st.lists(st.text("ab \n|<>", max_size=4), min_size=len(marks) + 1,
+                                    max_size=len(marks) + 1))
+        return filler[0] + "".join(m + f for m, f in zip(marks, filler[1:]))
+
+    system = data.draw(st.sampled_from([None, "plain", "hostile"]))
+    system = hostile() if system == "hostile" else system
+    user = hostile()
+    ids, frame = chat.prompt_ids(system, user), chat.prompt_ids("s" if system else system, "q")
+    special = set(tok.all_special_ids) | {tok.convert_tokens_to_ids(t) for t in tok.get_added_vocab()}
+    assert sum(i in special for i in ids) == sum(i in special for i in frame)
+    assert tok.decode(ids) == chat.prompt_text(system, user)
+
+
 @pytest.mark.slow
 def test_trunk_path_equals_the_full_forward(smollm2_dir):
     """Running the top layers from the frozen layers' output gives the full forward's logits and
     values (right padding included)."""
     model, _ = load_actor_critic(smollm2_dir)
-    train_top_layers(model, 2)
-    assert model.frozen_layers == 28
     ids = torch.randint(0, 40_000, (2, 24), generator=torch.Generator().manual_seed(0))
     attn = torch.ones_like(ids)
     attn[1, 18:] = 0
     with torch.no_grad():
-        full_logits, full_values = model(ids, attn)
+        full_logits, full_values = model(ids, attn)  # every layer in one forward
+        train_top_layers(model, 2)
+        assert model.frozen_layers == 28
         logits, values = model(ids, attn, trunk=model.trunk_states(ids, attn))
     real = attn.bool()
     assert torch.allclose(logits[real], full_logits[real], atol=1e-4)
