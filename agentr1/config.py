@@ -304,16 +304,26 @@ class PPOConfig(_Section):
     a step; without the mask the whole response is one)."""
     gigpo_step_weight: float = Field(1.0, ge=0)
     """GiGPO: the weight of the turn-level advantage added to the episode's (0: GRPO)."""
+    gigpo_norm: Literal["std", "mean"] = "std"
+    """GiGPO: episode and step advantages are (return - group mean) divided by the group's std
+    (``std``) or not (``mean``: F_norm = 1, verl-agent's default, which keeps a group of nearly
+    equal returns from being blown up to +-1)."""
     loss_weighting: Literal["token", "trajectory"] = "token"
     """How the policy and value losses, KL and entropy average over a minibatch's (loss-masked)
     tokens: ``token``, every token the same (a long episode weighs more), or ``trajectory``, every
     episode the same whatever its length (Agent-R1 v0.1)."""
     clip_eps: float = Field(0.2, gt=0)
+    clip_eps_high: float | None = Field(None, gt=0)
+    """The ratio's upper clip is 1 + this (DAPO's clip-higher, e.g. 0.28: a rare good token can
+    gain more per update); None: ``clip_eps``, PPO's symmetric clip."""
     dual_clip_c: float | None = 3.0
     vf_coef: float = 0.5
     vf_clip: float = 0.2
     kl_coef: float = Field(0.02, ge=0)
     kl_kind: KLKind = "k3"
+    """The KL estimator (``agentr1.rl.core.kl_penalty``). In the loss, its expected gradient is
+    that of KL(pi_ref || pi) for k3, of KL(pi || pi_ref) for k2, and 0 for k1 (which then
+    regularises nothing: a run warns); in the reward (``kl_in_reward``), k1 and k3 are unbiased."""
     kl_in_reward: bool = False
     kl_clamp: float = 10.0
     kl_target: float | None = Field(None, gt=0)

@@ -314,6 +314,35 @@ def test_gigpo_hand_values():
     assert close(step[:, 0], (from_first - from_first.mean()) / (from_first.std() + EPS), 1e-4)
 
 
+def test_gigpo_step_groups_are_formed_inside_each_episode_group():
+    """The paper's group in group: two groups that ask the same question share the first state,
+    but a turn is compared only with its own group's. Here each group's two episodes end equal,
+    so every step advantage is 0 (pooled across groups, the old code gave +-0.707)."""
+    mask = t([1, 1, 0, 0, 1], [1, 1, 0, 0, 1], [1, 1, 0, 0, 1], [1, 1, 0, 0, 1])
+    rewards = t([0.0, 1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0], [0.0] * 5, [0.0] * 5)
+    states = torch.tensor([[0, 1], [0, 2], [0, 3], [0, 4]])  # one first state for all four
+    scores, groups = torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 1, 1])
+    adv = gigpo_advantages(rewards, mask, scores, groups, states, gamma=1.0)
+    assert close(adv, torch.zeros_like(adv))
+    # one group with a winner: only its own turns move
+    scores2 = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    rewards2 = rewards.clone()
+    rewards2[1] = 0.0
+    adv = gigpo_advantages(rewards2, mask, scores2, groups, states, gamma=1.0)
+    e = 1 / math.sqrt(2)  # (1 - 0.5) / std([1, 0])
+    assert close(adv[:, 0], [2 * e, -2 * e, 0.0, 0.0], 1e-4)
+
+
+def test_gigpo_mean_normalisation_subtracts_the_group_mean_only():
+    """F_norm = 1 (verl-agent's default): both levels are (return - group mean), unscaled."""
+    mask = t([1, 1, 0, 0, 1], [1, 1, 0, 0, 1])
+    rewards = t([0.0, 0.2, 0.0, 0.0, 1.0], [0.0] * 5)
+    states = torch.tensor([[0, 1], [0, 2]])
+    scores, groups = torch.tensor([1.2, 0.0]), torch.tensor([0, 0])
+    adv = gigpo_advantages(rewards, mask, scores, groups, states, gamma=1.0, norm_by_std=False)
+    assert close(adv, [[1.2, 1.2, 0.0, 0.0, 0.6], [-1.2, -1.2, 0.0, 0.0, -0.6]], 1e-5)
+
+
 def test_grpo_hand_values():
     scores = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5, 1.0, 0.0, 0.0])
     groups = torch.tensor([7, 7, 3, 3, 9, 4, 4, 4])  # non-contiguous ids on purpose
@@ -512,3 +541,20 @@ def test_all_masked_estimators_are_zero():
 def test_shape_mismatch_names_the_tensors():
     with pytest.raises(ValueError, match=r"compute_gae: .*values=\(2, 4\)"):
         compute_gae(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3), 1.0, 1.0)
+
+
+def test_clip_eps_high_reaches_the_policy_loss_from_the_config():
+    """ppo.clip_eps_high (DAPO's clip-higher) is a config key that the update uses: a ratio of
+    1.25 on a positive advantage is clipped at 1.2 by default and not at 1.28."""
+    from agentr1.config import load_config
+    from agentr1.recipe.ppo import ppo_hyper
+
+    assert ppo_hyper(load_config(None)).clip_eps_high is None
+    hp = ppo_hyper(load_config(None, ["ppo.clip_eps_high=0.28"]))
+    assert hp.clip_eps_high == 0.28
+    old = torch.zeros(1, 1)
+    logp = torch.full((1, 1), math.log(1.25), requires_grad=True)
+    adv, mask = torch.ones(1, 1), torch.ones(1, 1)
+    symmetric, _ = policy_loss(logp, old, adv, mask, clip_eps=hp.clip_eps, clip_eps_high=None)
+    higher, _ = policy_loss(logp, old, adv, mask, clip_eps=hp.clip_eps, clip_eps_high=hp.clip_eps_high)
+    assert close(symmetric, torch.tensor(-1.2)) and close(higher, torch.tensor(-1.25))

@@ -39,7 +39,9 @@ def ppo_hyper(cfg: Config) -> PPOHyper:
     p = cfg.ppo
     return PPOHyper(estimator=p.estimator, loss_mask=p.loss_mask, advantage_mask=p.advantage_mask,
                     loss_weighting=p.loss_weighting, gigpo_step_weight=p.gigpo_step_weight,
+                    gigpo_norm_by_std=p.gigpo_norm == "std",
                     epochs=p.epochs, minibatch_size=p.minibatch_size, grad_accum=p.grad_accum, clip_eps=p.clip_eps,
+                    clip_eps_high=p.clip_eps_high,
                     dual_clip_c=p.dual_clip_c, vf_coef=p.vf_coef, vf_clip=p.vf_clip, kl_coef=p.kl_coef,
                     kl_kind=p.kl_kind, kl_in_reward=p.kl_in_reward, kl_clamp=p.kl_clamp,
                     entropy_coef=p.entropy_coef, gamma=p.gamma, lam=p.lam,
@@ -120,6 +122,10 @@ class PPOSession:
         from models.policy import attention_for_precision, load_actor_critic, train_top_layers, without_dropout
 
         self.cfg, self.ws = cfg, ws
+        p = cfg.ppo
+        if p.kl_kind == "k1" and not p.kl_in_reward and p.kl_coef > 0:
+            log.warning("ppo.kl_kind=k1 in the loss: its expected gradient is 0, so the KL term regularises "
+                        "nothing; use k2 (the gradient of KL(pi || pi_ref)) or k3, or ppo.kl_in_reward=true")
         check_dev_split(cfg, ws)  # before anything is loaded, not at the first evaluation
         out = Path(cfg.output_dir)
         self.last = recover_dir(out / LAST_DIR)  # a kill -9 mid-swap leaves the old checkpoint aside

@@ -342,20 +342,25 @@ def gigpo_advantages(
     states: torch.Tensor,
     gamma: float,
     step_weight: float = 1.0,
+    norm_by_std: bool = True,
 ) -> torch.Tensor:
     """GiGPO (Feng et al. 2025), critic-free with turn-level credit -> (B, T).
 
     Each turn's advantage is the episode's GRPO advantage (its ``scores`` against its group's)
     plus ``step_weight`` times a step advantage: the turn's discounted return from that turn
-    (turn rewards are the sums of their tokens' rewards, discounted per turn) normalised among
-    all the batch's turns that start from the same state (``states`` (B, K), from
-    :func:`anchor_states`; a state reached once gives 0). Every token of the turn gets it."""
+    (turn rewards are the sums of their tokens' rewards, discounted per turn) against the other
+    turns of its episode group (``group_ids``) that start from the same state (``states`` (B, K),
+    from :func:`anchor_states`): the paper's "group in group", so two episodes of different
+    groups that share a state (the same first prompt asked twice) never compare. A step group of
+    one turn, or of equal returns, gives 0. Both levels divide by their group's std
+    (``norm_by_std``, F_norm = std) or not (F_norm = 1, verl-agent's default). Every token of the
+    turn gets it."""
     _check_group_inputs("gigpo_advantages", scores, group_ids, mask)
     turns = Turns(mask)
     if tuple(states.shape) != (mask.shape[0], turns.n):
         raise ValueError(f"gigpo_advantages: states must be (B, K)={(mask.shape[0], turns.n)}, "
                          f"got {tuple(states.shape)}")
-    episode = grpo_advantages(scores, group_ids, torch.ones_like(scores).unsqueeze(-1))[:, 0]
+    episode = grpo_advantages(scores, group_ids, torch.ones_like(scores).unsqueeze(-1), norm_by_std)[:, 0]
     rewards = turns.sum(token_rewards)
     returns = torch.zeros_like(rewards)
     following = rewards.new_zeros(rewards.shape[0])
@@ -365,8 +370,12 @@ def gigpo_advantages(
     step = torch.zeros_like(rewards)
     where = turns.present
     if bool(where.any()):
-        size, mean, std, flat = _group_stats(returns[where], states[where])
-        adv = (returns[where].double() - mean) / (std + EPS)
+        pairs = torch.stack([group_ids.unsqueeze(-1).expand_as(states)[where], states[where]], dim=1)
+        step_groups = torch.unique(pairs, dim=0, return_inverse=True)[1]  # (group, state)
+        size, mean, std, flat = _group_stats(returns[where], step_groups)
+        adv = returns[where].double() - mean
+        if norm_by_std:
+            adv = adv / (std + EPS)
         step[where] = torch.where(flat | (size < 2), torch.zeros_like(adv), adv).float()
     return turns.spread(episode.unsqueeze(-1) + step_weight * step)
 
@@ -528,10 +537,16 @@ def value_loss(
 def kl_penalty(
     logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind = "k3", clamp: float = 10.0
 ) -> torch.Tensor:
-    """Per-token KL(pi || pi_ref) estimate from sampled-token log probs: (B, T) -> (B, T).
+    """Per-token KL estimate from sampled-token log probs: (B, T) -> (B, T).
 
-    k1 = logp - ref_logp (unbiased, high variance); k2 = 0.5 * (logp - ref_logp)^2;
-    k3 = exp(ref - logp) - (ref - logp) - 1 (unbiased, low variance, >= 0; Schulman 2020).
+    With r = ref_logp - logp on tokens sampled from pi: k1 = -r, k2 = r^2 / 2, k3 = exp(r) - r - 1
+    (>= 0; Schulman 2020). As a *value* k1 and k3 are unbiased estimates of KL(pi || pi_ref), k2 a
+    biased one with low variance. As a *loss* term (``kl_in_reward`` off) what counts is the
+    expected gradient, and there they differ (Liu et al. 2025, "On a few pitfalls in KL
+    divergence gradient estimation"; Zhang et al. 2025, GRPO's k3 in the loss): k1's is 0, so k1
+    in the loss regularises nothing (``agentr1.recipe.ppo`` warns); k2's is the gradient of
+    KL(pi || pi_ref); k3's is the gradient of the reverse KL(pi_ref || pi). In the reward
+    (``kl_in_reward``) the estimate's value is what counts: k1 or k3.
     Clamped to [-clamp, clamp]. Not masked: reduce it with ``masked_mean`` (which ignores
     whatever stands in masked-out slots).
     """

@@ -56,10 +56,12 @@ class PPOHyper:
     advantage_mask: bool
     loss_weighting: str
     gigpo_step_weight: float
+    gigpo_norm_by_std: bool
     epochs: int
     minibatch_size: int
     grad_accum: int
     clip_eps: float
+    clip_eps_high: float | None
     dual_clip_c: float | None
     vf_coef: float
     vf_clip: float
@@ -174,7 +176,8 @@ def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper,
         adv = grpo_advantages(batch.scores, batch.group_ids, adv_mask)
     elif hp.estimator == "gigpo":
         adv = gigpo_advantages(token_rewards, adv_mask, batch.scores, batch.group_ids,
-                               anchor_states(batch.input_ids, adv_mask), hp.gamma, hp.gigpo_step_weight)
+                               anchor_states(batch.input_ids, adv_mask), hp.gamma, hp.gigpo_step_weight,
+                               hp.gigpo_norm_by_std)
     elif hp.estimator == "rloo":
         adv = rloo_advantages(batch.scores, batch.group_ids, adv_mask)
     elif hp.estimator == "reinforce_pp":
@@ -215,7 +218,7 @@ def minibatch_loss(net, batch: RolloutBatch, scored: Scored, hp: PPOHyper, rows:
                                        hp.temperature, with_entropy=True, positions=mask, trunk=trunk)
     per_trajectory = hp.loss_weighting == "trajectory"
     pg, pg_m = policy_loss(logp, cut(scored.old_logp), cut(scored.advantages), mask,
-                           hp.clip_eps, None, hp.dual_clip_c, per_trajectory)
+                           hp.clip_eps, hp.clip_eps_high, hp.dual_clip_c, per_trajectory)
     kl = loss_mean(kl_penalty(logp, cut(scored.ref_logp), hp.kl_kind, hp.kl_clamp), mask, per_trajectory)
     entropy = loss_mean(ent, mask, per_trajectory)
     loss = pg - hp.entropy_coef * entropy
