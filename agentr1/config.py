@@ -63,6 +63,9 @@ class DataSource(_Section):
     longer: a training set's cap on the context, never a test set's."""
     max_calls: int | None = Field(None, ge=1)
     """Leave out records whose gold solution takes more tool calls."""
+    solution: Literal["steps", "expression"] = "steps"
+    """``svamp``, ``mawps``: how a gold solution calls the calculator: once per operator
+    (``steps``, innermost first), or once with the whole equation (``expression``)."""
     functions: Literal["all", "gold"] = "all"
     """``bfcl``: offer each question's functions (``all``), or only the gold one (``gold``: a
     ``multiple`` question made a ``simple`` one; the record id gets ``:gold``, and it goes to the

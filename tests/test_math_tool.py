@@ -81,6 +81,17 @@ def test_gold_equations_become_one_call_per_operator(tmp_path):
     assert [r.id for r in train] == ["svamp-a", "svamp-b"] and skipped == {"equation": 1}
 
 
+def test_an_expression_solution_is_one_call_of_the_whole_equation(tmp_path):
+    path = tmp_path / "svamp.json"
+    path.write_text(json.dumps([{"ID": "a", "Body": "B.", "Question": "Q?", "Equation": "( 10.0 - ( 3.0 + 5.0 ) )",
+                                 "Answer": 2.0}]))
+    (record,), _, _ = convert_svamp(DataSource(format="svamp", input=str(path), split="test", solution="expression"))
+    assert record.meta["calls"] == [{"name": "calculate", "arguments": {"expression": "10 - (3 + 5)"}}]
+    assert record.meta["gold_values"] == ["2"] and record.hops == 2  # hops: the operators, whatever the calls
+    with pytest.raises(DataError, match="solution: steps"):
+        convert_gsm8k(DataSource(format="gsm8k", input=str(path), solution="expression"))
+
+
 def test_mawps_masks_and_prefix_equations(tmp_path):
     path = tmp_path / "m.csv"
     with open(path, "w", newline="") as f:

@@ -4,13 +4,13 @@ and GSM8K, each with its gold solution as calculator calls.
 A solution is a list of steps, each one call ``calculate("a op b")`` and its value
 (:func:`~agentr1.env.math_tool.calculator.format_number`): SVAMP's infix equations and MAWPS's
 prefix ones are evaluated operator by operator, innermost first, each step's operands being
-numbers of the problem or earlier steps' values as the tool writes them; GSM8K's solutions carry
+numbers of the problem or earlier steps' values as the tool writes them (or, with ``solution:
+expression``, in one call of the whole equation, :func:`expression_of`); GSM8K's solutions carry
 their steps as ``<<48/2=24>>`` annotations, taken as written. A record keeps them in ``meta``:
 ``calls`` (what the warm-up demonstrates, then the answer), ``gold_values`` (each step's value:
 a call that returns one earns ``process_new_support``), ``equation`` (the source's own). Its
-``answers`` is the last step's value (within :data:`~agentr1.env.math_tool.env.REL_TOLERANCE`
-of the published answer, or the record is left out), ``hops`` its number of steps (4: four or
-more, the schema's largest).
+``answers`` is the last step's value (within :data:`REL_TOLERANCE` of the published answer),
+``hops`` its number of operators (4: four or more, the schema's largest).
 
 Input layouts (the files in ``../shared/realdata/`` and any file of the same layout, e.g. GSM8K's
 test split): ``svamp`` a JSON list of ``{ID, Body, Question, Equation, Answer}``; ``mawps`` the
@@ -24,6 +24,7 @@ published numbers count it), and left out, counted, from a ``train`` source.
 from __future__ import annotations
 
 import ast
+import copy
 import csv
 import json
 import re
@@ -85,6 +86,28 @@ def steps_of(tree: ast.AST) -> tuple[list[tuple[str, str]], str]:
     return steps, walk(tree)
 
 
+def expression_of(tree: ast.AST) -> str:
+    """An equation as one expression, its numbers as the tool writes them and only the
+    parentheses it needs (``( ( 10.0 - 3.0 ) - 5.0 )`` -> ``10 - 3 - 5``)."""
+    class Numbers(ast.NodeTransformer):
+        def visit_Constant(self, node: ast.Constant) -> ast.AST:
+            text = format_number(node.value) if type(node.value) in (int, float) else None
+            return ast.Name(text) if text is not None else node
+
+    return ast.unparse(Numbers().visit(copy.deepcopy(tree)))
+
+
+def _solution(tree: ast.AST, gold: float, solution: str) -> tuple[list[tuple[str, str]], str, int]:
+    """The gold steps of ``tree`` (one per operator), or its one step (the whole equation), its
+    value and its number of operators."""
+    steps, value = _solved(tree, gold)
+    if solution == "expression" and steps:
+        expression = expression_of(tree)
+        value = format_number(evaluate(expression))
+        return [(expression, value)], value, len(steps)
+    return steps, value, len(steps)
+
+
 def prefix_tree(tokens: list[str]) -> ast.AST:
     """A prefix equation (``- number0 * number1 number2`` with the masks already replaced by
     numbers) as the syntax tree an infix one parses to."""
@@ -111,10 +134,11 @@ def prefix_tree(tokens: list[str]) -> ast.AST:
 
 
 def _record(rid: str, question: str, steps: list[tuple[str, str]], answer: str, source: str, equation: str,
-            path: Path, line: int | None) -> QARecord:
+            path: Path, line: int | None, operators: int | None = None) -> QARecord:
     calls = [{"name": TOOL, "arguments": {"expression": e}} for e, _ in steps]
     meta = {"calls": calls, "gold_values": [v for _, v in steps] or [answer], "equation": equation}
-    record = QARecord(rid, question, (answer,), (), max(1, min(len(steps), MAX_HOPS)), source, meta)
+    hops = len(steps) if operators is None else operators
+    record = QARecord(rid, question, (answer,), (), max(1, min(hops, MAX_HOPS)), source, meta)
     check_record(record, path, line)
     return record
 
@@ -150,7 +174,7 @@ def _answer(row: dict, name: str, path: Path, line: int | None, where: str | Non
     return float(value)
 
 
-def read_svamp(path: Path) -> Iterator[tuple[QARecord, str | None]]:
+def read_svamp(path: Path, solution: str = "steps") -> Iterator[tuple[QARecord, str | None]]:
     """SVAMP's JSON list: each problem as ``(record, None)``, or ``(record without a solution,
     why)`` when its equation does not give its answer."""
     try:
@@ -169,14 +193,14 @@ def read_svamp(path: Path) -> Iterator[tuple[QARecord, str | None]]:
                                                                                        where("Answer"))
         text = f"{body.strip()} {question.strip()}"
         try:
-            steps, value = _solved(parse_expression(equation).body, gold)
+            steps, value, operators = _solution(parse_expression(equation).body, gold, solution)
         except (_Unsolvable, ToolError) as err:
             yield _unsolved(f"svamp-{rid}", text, gold, "svamp", equation, path, None), f"equation: {err}"
             continue
-        yield _record(f"svamp-{rid}", text, steps, value, "svamp", equation, path, None), None
+        yield _record(f"svamp-{rid}", text, steps, value, "svamp", equation, path, None, operators), None
 
 
-def read_mawps(path: Path) -> Iterator[tuple[QARecord, str | None]]:
+def read_mawps(path: Path, solution: str = "steps") -> Iterator[tuple[QARecord, str | None]]:
     """The SVAMP repository's masked CSV (MAWPS + ASDiv-A, or SVAMP in that form)."""
     try:
         handle = open(path, encoding="utf-8", newline="")
@@ -204,14 +228,14 @@ def read_mawps(path: Path) -> Iterator[tuple[QARecord, str | None]]:
             question = re.sub(r" ([,.?!;:])", r"\1", question)  # the CSV's tokens "books ." -> "books."
             rid = f"mawps-{line}"
             try:
-                steps, value = _solved(prefix_tree(_MASK.sub(unmask, equation).split()), gold)
+                steps, value, operators = _solution(prefix_tree(_MASK.sub(unmask, equation).split()), gold, solution)
             except (_Unsolvable, ToolError) as err:
                 yield _unsolved(rid, question, gold, "mawps-asdiv-a", equation, path, line), f"equation: {err}"
                 continue
-            yield _record(rid, question, steps, value, "mawps-asdiv-a", equation, path, line), None
+            yield _record(rid, question, steps, value, "mawps-asdiv-a", equation, path, line, operators), None
 
 
-def read_gsm8k(path: Path) -> Iterator[tuple[QARecord, str | None]]:
+def read_gsm8k(path: Path, solution: str = "steps") -> Iterator[tuple[QARecord, str | None]]:
     """GSM8K's JSON lines (train or test): the steps of every ``<<expression=value>>``."""
     for line, row, error in iter_json_lines(path):
         if error is not None:
@@ -252,8 +276,11 @@ def converter(fmt: str):
     def convert(source: DataSource) -> tuple[list[QARecord], list[Document], dict[str, int]]:
         if source.input is None:
             raise DataError("data.sources", None, "input", f"format {fmt!r} converts a file: give its path")
+        if fmt == "gsm8k" and source.solution != "steps":
+            raise DataError(source.input, None, "solution", "gsm8k solutions are their annotated steps: "
+                            "solution: steps")
         records, skipped = [], {}
-        for record, why in READERS[fmt](Path(source.input)):
+        for record, why in READERS[fmt](Path(source.input), source.solution):
             if why is not None and source.split == "train":  # nothing to demonstrate: left out of training
                 skipped[why.split(":")[0]] = skipped.get(why.split(":")[0], 0) + 1
             elif source.max_calls is not None and len(record.meta["calls"]) > source.max_calls:
