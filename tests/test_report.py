@@ -13,8 +13,9 @@ import pytest
 from test_ablation import TINY_ABLATION
 
 from agentr1.ablation import FULL
-from agentr1.report import (Claim, Provenance, RunRecord, ablation_table, baselines_table, ordering, ordering_markdown,
-                            pipeline_table, provenance_markdown, provenance_summary, spread, weights_digest)
+from agentr1.report import (Claim, Provenance, RunRecord, ablation_table, baselines_table, group_table, groups_of,
+                            ordering, ordering_markdown, pipeline_table, provenance_markdown, provenance_summary, spread,
+                            weights_digest)
 from tasks import tracking
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,6 +94,23 @@ def test_the_baselines_table_puts_the_untrained_model_beside_the_agent():
     assert lines[4].startswith("| warm-up (supervised, on the demonstrations) | 0.400 ± 0.000 |")
     assert lines[5] == "| after PPO | 0.800 ± 0.141 | 0.400 ± 0.071 |"
     assert "±" not in baselines_table(runs[:1])  # one run: no spread to show
+
+
+def test_the_group_table_gives_each_benchmark_category_beside_the_baselines():
+    """BFCL's leaderboard reports each category: so does a study whose environment groups its
+    questions (greedy/<group>/em); hop counts are not groups."""
+    def metrics(base: float) -> dict[str, float]:
+        return {"greedy/em": base, "greedy/hops1/em": base, "greedy/simple_python/em": base + 0.1,
+                "greedy/simple_python/n": 400.0, "greedy/live_simple/em": base - 0.1, "greedy/live_simple/n": 258.0}
+
+    runs = [dataclasses.replace(record("pipeline", f"seed {s}", s, 0.5), final=metrics(0.5 + 0.1 * s),
+                                start=metrics(0.4), baselines={"zero_shot": metrics(0.1)}) for s in (0, 1)]
+    assert groups_of(runs) == ["simple_python", "live_simple"]
+    lines = group_table(runs).splitlines()
+    assert lines[0] == "| test greedy/em by group | questions | zero-shot | warm-up | after PPO |"
+    assert lines[2] == "| simple_python | 400 | 0.200 ± 0.000 | 0.500 ± 0.000 | 0.650 ± 0.071 |"
+    assert lines[3] == "| live_simple | 258 | 0.000 ± 0.000 | 0.300 ± 0.000 | 0.450 ± 0.071 |"
+    assert groups_of([record("pipeline", "seed 0", 0, 0.5)]) == []
 
 
 @pytest.fixture(scope="module")
