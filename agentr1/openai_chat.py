@@ -178,6 +178,10 @@ class ChatCompletions:
         engine = self.agent.engine
         system, question, turns = episode(messages)
         chat, env = engine.chat, self.agent.env
+        limit = getattr(getattr(env, "settings", None), "max_turns", None)
+        if limit is not None and len(turns) >= limit:  # the next turn would be one more than training allowed
+            raise ChatRequestError(f"messages: the conversation holds {len(turns)} assistant turns; this model "
+                                   f"answers within {limit} (env.max_turns): start a new conversation")
         # The question as every episode puts it (the environment's user prompt), as in training,
         # `agentr1 ask` and the MLflow model.
         if getattr(env, "tools_per_record", False):  # a function caller: the request's tools are the question's
@@ -228,6 +232,8 @@ class ChatCompletions:
                 raise ChatRequestError(f"{name}: {value!r} is out of range")
         if given("n", 1) != 1:
             raise ChatRequestError("n: this model returns one choice")
+        if not isinstance(given("stream", False), bool):  # "yes" or 1 is not OpenAI's boolean
+            raise ChatRequestError(f"stream: must be true or false, got {request.get('stream')!r}")
         prompt = self._prompt(request.get("messages"), request.get("tools"))  # ChatFormat encodes one at a time
         room = settings.max_context_tokens - len(prompt)
         if room < 1:

@@ -33,6 +33,7 @@ import json
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Callable, Sequence, get_args
 
 from agentr1 import errors
@@ -156,11 +157,17 @@ def cmd_data_validate(args: argparse.Namespace) -> int:
 
         check_records(_kind_config(args).env.kind, args.data)
     missing = [name for name in ("train", "dev", "test") if name not in splits]
-    print_json({"data": str(args.data), "splits": {name: len(rs) for name, rs in splits.items()}, "n_docs": len(corpus),
-                **({"kind": args.kind} if args.kind else {}),
-                # valid as it is (a converted evaluation set may hold one split); training needs more
-                **({"note": f"no {', '.join(missing)} split: `agentr1 train` and the pipeline need train, and dev "
-                            f"(ppo.dev_every) and test (eval.split) unless configured otherwise"} if missing else {})})
+    report = {"data": str(args.data), "splits": {name: len(rs) for name, rs in splits.items()}, "n_docs": len(corpus),
+              **({"kind": args.kind} if args.kind else {}),
+              # valid as it is (a converted evaluation set may hold one split); training needs more
+              **({"note": f"no {', '.join(missing)} split: `agentr1 train` and the pipeline need train, and dev "
+                          f"(ppo.dev_every) and test (eval.split) unless configured otherwise"} if missing else {})}
+    if args.out:  # written whole or not at all: a DVC stage's output
+        from agentr1.fsutil import write_text
+
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        write_text(args.out, json.dumps(report, ensure_ascii=False, indent=2) + "\n")
+    print_json(report)
     return EXIT_OK
 
 
@@ -219,6 +226,8 @@ def _add_data(subparsers: argparse._SubParsersAction) -> None:
                           "the kind a converted dataset records")
     validate.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
                           help="a plug-in to load first (repeatable)")
+    validate.add_argument("--out", default=None, metavar="FILE",
+                          help="also write the report to FILE, atomically, only when the data is valid")
     validate.set_defaults(func=cmd_data_validate)
 
     evaluate = sub.add_parser("retrieval-eval", help="BM25 recall of supporting docs with the question as query")

@@ -71,7 +71,7 @@ def make_app(completions):  # annotations evaluated here: FastAPI reads them (no
             completion = await run_in_threadpool(completions.create, body)
         except ChatRequestError as err:
             return error(str(err))
-        if isinstance(body, dict) and body.get("stream"):
+        if isinstance(body, dict) and body.get("stream") is True:
             events = [f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in stream_chunks(completion)]
             return StreamingResponse(iter([*events, "data: [DONE]\n\n"]), media_type="text/event-stream")
         return completion

@@ -160,7 +160,7 @@ def _ablation_records(parent) -> list[RunRecord]:
     c = tracking.client()
     query = f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent.info.run_id}' and attributes.status = 'FINISHED'"
     records = []
-    for run in c.search_runs([parent.info.experiment_id], query, max_results=tracking.SEARCH_MAX_RESULTS):
+    for run in tracking.search_all_runs([parent.info.experiment_id], query):
         tags = run.data.tags
         if "ablation.variant" not in tags:
             continue
@@ -175,7 +175,7 @@ def _ablation_records(parent) -> list[RunRecord]:
 def _suite_records(suite) -> list[RunRecord]:
     """A suite parent run's records: its tasks' ablation runs, each labelled with its task."""
     query = f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{suite.info.run_id}' and attributes.status = 'FINISHED'"
-    tasks = tracking.client().search_runs([suite.info.experiment_id], query, max_results=tracking.SEARCH_MAX_RESULTS)
+    tasks = tracking.search_all_runs([suite.info.experiment_id], query)
     return [dataclasses.replace(rec, warmup=task.data.tags[tracking.TAG_SUITE_TASK])
             for task in tasks if tracking.TAG_SUITE_TASK in task.data.tags for rec in _ablation_records(task)]
 
@@ -200,7 +200,7 @@ def study_runs(study: str | None = None, run_ids: list[str] | None = None) -> li
     names = [tracking.EXPERIMENTS[k] for k in ("ablation", *PIPELINE_EXPERIMENTS)]
     ids = [e.experiment_id for e in (c.get_experiment_by_name(n) for n in names) if e is not None]
     query = f"tags.`{tracking.TAG_STUDY}` = '{study}' and attributes.status = 'FINISHED'"
-    runs = c.search_runs(ids, query, max_results=tracking.SEARCH_MAX_RESULTS) if ids else []
+    runs = tracking.search_all_runs(ids, query) if ids else []
     if not runs:
         raise LookupError(f"no finished MLflow run is tagged {tracking.TAG_STUDY}={study} in {names} "
                           f"({tracking.tracking_uri()}); tag runs with `agentr1 ablate -o study={study}` or "

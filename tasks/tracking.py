@@ -122,7 +122,19 @@ STORE_LOCK_TIMEOUT_S = 600.0  # a holder does milliseconds of SQL; minutes mean 
 CONFIG_ARTIFACT = "config/config.yaml"
 DATASET_SAMPLE_ROWS = 1000  # rows read for a dataset's schema and profile; the digest covers the file
 SYSTEM_METRICS_INTERVAL_S = 10.0
-SEARCH_MAX_RESULTS = 1000  # RUNNING runs looked at per start: far more than ever run at once
+SEARCH_MAX_RESULTS = 1000  # runs per page of a search (MLflow's largest page is 50,000)
+
+
+def search_all_runs(experiment_ids: list[str], query: str) -> list:
+    """Every run of ``experiment_ids`` matching ``query``, page by page (one page stops at
+    :data:`SEARCH_MAX_RESULTS`: a study of more runs lost the rest without a word)."""
+    c, runs, token = client(), [], None
+    while True:
+        page = c.search_runs(experiment_ids, query, max_results=SEARCH_MAX_RESULTS, page_token=token)
+        runs += list(page)
+        token = page.token
+        if not token:
+            return runs
 
 # The agent as an MLflow model (models-from-code: this file is the model).
 AGENT_MODEL_CODE = Path(__file__).with_name("agent_model.py")
@@ -444,6 +456,20 @@ def cpu_model() -> str:
     return cpuinfo_field("model name") or platform.processor() or platform.machine() or "unknown"
 
 
+START_TOLERANCE_S = 1.0
+"""How far a process's start time may read from the one recorded and still be the same process:
+psutil derives it from the boot time, which the kernel reports anew after a clock adjustment,
+so an exact match to 0.01 s took a live run for an orphan and ended it. A new process that
+reused the pid started later than this."""
+
+
+def _same_start(now: float, recorded: str) -> bool:
+    try:
+        return abs(now - float(recorded)) < START_TOLERANCE_S
+    except ValueError:  # not a number: not the process that wrote it
+        return False
+
+
 def _process_alive(pid: int, started: str | None) -> bool:
     """Whether process ``pid`` (on this host) still runs and is the one that started at
     ``started`` (a zombie, or a new process that got the same pid, is not)."""
@@ -461,7 +487,7 @@ def _process_alive(pid: int, started: str | None) -> bool:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
-        return started is None or f"{proc.create_time():.2f}" == started
+        return started is None or _same_start(proc.create_time(), started)
     except psutil.NoSuchProcess:
         return False
     except psutil.AccessDenied:

@@ -58,6 +58,13 @@ def test_validate_retrieval_eval_and_search(capsys, synth_dir, tmp_path):
         (dev_only / "qa" / f"{split}.jsonl").unlink()
     code, out, _ = _run(capsys, "data", "validate", "--data", dev_only)  # valid, but not for training: says so
     assert code == 0 and json.loads(out)["note"].startswith("no train, test split: `agentr1 train`")
+    # --out (the DVC stage's): the report written whole; a bad dataset writes nothing there
+    report = tmp_path / "out" / "validation.json"
+    code, out, _ = _run(capsys, "data", "validate", "--data", synth_dir, "--out", report)
+    assert code == 0 and json.loads(report.read_text()) == json.loads(out)
+    (dev_only / "qa" / "dev.jsonl").write_text("{not json\n")
+    code, _, _ = _run(capsys, "data", "validate", "--data", dev_only, "--out", tmp_path / "bad" / "validation.json")
+    assert code == 2 and not (tmp_path / "bad").exists()
 
     code, out, _ = _run(capsys, "data", "retrieval-eval", "--data", synth_dir, "--split", "test", "--k", "5",
                         "--cache-dir", tmp_path / "cache")

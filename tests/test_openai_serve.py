@@ -282,3 +282,23 @@ def test_hostile_request_fields_are_refused_not_crashed_on(server):
                        (call(json.dumps({"query": "x" * 200_000})), "function.arguments has 200")):
         answer = post(body)
         assert answer.status_code == 400 and said in answer.json()["error"]["message"], (said, answer.text[:200])
+
+
+@pytest.mark.slow
+def test_a_non_boolean_stream_and_a_conversation_past_max_turns_are_refused(server):
+    """OpenAI's stream is a boolean ("yes" was taken for true); the endpoint answers within the
+    turns the run trained with (env.max_turns), as every episode did (issue 48)."""
+    import httpx
+
+    question = [{"role": "user", "content": server["test"][1].question}]
+    post = lambda body: httpx.post(f"{server['url']}/chat/completions", json=body, timeout=60)  # noqa: E731
+    for value in ("yes", 1, "true"):
+        answer = post({"messages": question, "stream": value})
+        assert answer.status_code == 400 and "stream: must be true or false" in answer.json()["error"]["message"]
+    assert post({"messages": question, "stream": False}).status_code == 200
+    turn = [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "search", "arguments": json.dumps({"query": "x"})}}]}, {"role": "tool", "tool_call_id": "c", "content": "x"}]
+    limit = server["env"].settings.max_turns
+    assert post({"messages": question + turn * (limit - 1)}).status_code == 200
+    answer = post({"messages": question + turn * limit})
+    assert answer.status_code == 400 and f"answers within {limit} (env.max_turns)" in answer.json()["error"]["message"]

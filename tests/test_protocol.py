@@ -262,3 +262,18 @@ def test_objects_are_checked_inside_for_depth_and_non_finite_numbers():
     turn = '<tool_call>{"name": "t", "arguments": {"o": {"a": NaN}}}</tool_call>'
     parsed = parse_any(turn, {"t": params})
     assert parsed.kind != "tool_call" and "arguments.o.a must be a finite number" in parsed.error
+
+
+def test_free_form_values_are_bounded_like_declared_ones_and_an_untyped_schema_takes_any_json():
+    """issue 48: a free-form object's strings escaped max_query_chars (a 10M-character value went
+    through), and an MCP property schema of {} ("any JSON") was read as a string."""
+    from agentr1.env.protocol import argument_problem
+
+    params = {"type": "object", "properties": {"o": {"type": "object"}, "any": {}}}
+    assert argument_problem({"o": {"a": "x" * 101}}, params, 100) == "arguments.o.a is longer than 100 characters"
+    assert argument_problem({"o": {"a": list(range(101))}}, params, 100) == "arguments.o.a has more than 100 items"
+    assert "a key longer than 100" in argument_problem({"o": {"k" * 101: 1}}, params, 100)
+    for value in (3, 2.5, True, None, [1, "a"], {"b": {"c": "d"}}, "text"):
+        assert argument_problem({"any": value}, params, 100) is None, value
+    assert argument_problem({"any": "y" * 101}, params, 100) == "arguments.any is longer than 100 characters"
+    assert argument_problem({"any": float("nan")}, params, 100) == "arguments.any must be a finite number"

@@ -59,7 +59,21 @@ def test_contains_is_a_token_span():
     assert contains("I think it is the Kelmora City", ["Kelmora City"]) == 1.0
     assert contains("Kelmora Cityscape", ["Kelmora City"]) == 0.0  # not a token span
     assert contains("City Kelmora", ["Kelmora City"]) == 0.0  # order matters
-    assert contains("", ["the"]) == 1.0 and contains("x", ["the"]) == 0.0  # empty gold matches only empty
+    assert contains("x", ["the"]) == 0.0
+
+
+def test_a_gold_that_normalises_to_nothing_is_matched_as_written_only():
+    """A gold of punctuation or articles alone normalises to "": junk that normalises to "" too
+    (an empty answer, "!!!") must not match it (issue 48); the same text does."""
+    for score in (exact_match, f1, contains):
+        assert score("!!!", ["?"]) == 0.0 and score("", ["the"]) == 0.0 and score(" ? ", ["?"]) == 1.0
+        assert score("the", ["the", "Kelmora"]) == 1.0
+
+
+def test_answers_are_compared_after_nfkc():
+    """Full-width letters and digits, ligatures: the same answer as their plain forms."""
+    assert exact_match("Ｋｅｌｍｏｒａ １２", ["kelmora 12"]) == 1.0
+    assert exact_match("ﬁnal", ["final"]) == 1.0 and f1("ｘ ｙ", ["x y"]) == 1.0
 
 
 def test_score_answer_bundles_metrics():

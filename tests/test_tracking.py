@@ -189,12 +189,26 @@ def test_the_sweep_ends_only_runs_whose_process_on_this_host_is_gone():
     untagged = running({})
     reused = running({**here, tr.TAG_PID: os.getpid(), tr.TAG_PROCESS_STARTED: "1.00"})  # pid now someone else's
     live = running({**here, tr.TAG_PID: os.getpid(), tr.TAG_PROCESS_STARTED: tr._process_started(os.getpid())})
+    # the same process, its start time read again after the boot time moved by 20 ms (issue 48)
+    drifted = running({**here, tr.TAG_PID: os.getpid(),
+                       tr.TAG_PROCESS_STARTED: f"{float(tr._process_started(os.getpid())) + 0.02:.2f}"})
     ended = tr.end_orphaned_runs(EXP)
-    assert {dead, reused} <= set(ended) and not {elsewhere, untagged, live} & set(ended)
-    status = {r: _run(r).info.status for r in (dead, elsewhere, untagged, reused, live)}
-    assert status == {dead: "KILLED", elsewhere: "RUNNING", untagged: "RUNNING", reused: "KILLED", live: "RUNNING"}
-    for r in (elsewhere, untagged, live):
+    assert {dead, reused} <= set(ended) and not {elsewhere, untagged, live, drifted} & set(ended)
+    status = {r: _run(r).info.status for r in (dead, elsewhere, untagged, reused, live, drifted)}
+    assert status == {dead: "KILLED", elsewhere: "RUNNING", untagged: "RUNNING", reused: "KILLED", live: "RUNNING",
+                      drifted: "RUNNING"}
+    for r in (elsewhere, untagged, live, drifted):
         c.set_terminated(r)
+
+
+def test_a_study_of_more_runs_than_one_search_page_is_read_whole(monkeypatch):
+    """study_runs read one page of 1,000 runs and dropped the rest without a word (issue 48)."""
+    c = tr.client()
+    exp = tr.experiment_id(EXP)
+    ids = {c.create_run(exp, tags={"paged": "yes"}).info.run_id for _ in range(7)}
+    monkeypatch.setattr(tr, "SEARCH_MAX_RESULTS", 3)
+    found = {r.info.run_id for r in tr.search_all_runs([exp], "tags.paged = 'yes'")}
+    assert found == ids
 
 
 def test_diverged_mark_round_trips():

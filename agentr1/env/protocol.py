@@ -264,6 +264,8 @@ MCP SDK's pydantic fails near 255 levels, which would look like a dead server)."
 
 
 def _value_problem(value: Any, schema: dict, where: str, max_chars: int, depth: int = 0) -> str | None:
+    if "type" not in schema and not schema.get("nullable"):  # JSON Schema's {}: any JSON value (MCP tools)
+        return _json_problem(value, where, depth, max_chars)
     types = schema.get("type", "string")
     types = [types] if isinstance(types, str) else list(types)
     if schema.get("nullable"):
@@ -290,26 +292,38 @@ def _value_problem(value: Any, schema: dict, where: str, max_chars: int, depth: 
                 return problem
     if isinstance(value, dict):
         props = schema.get("properties", {})
+        if len(value) > max_chars:
+            return f"{where} has more than {max_chars} items"
         for key, item in value.items():
+            if key not in props and len(str(key)) > max_chars:
+                return f"{where} has a key longer than {max_chars} characters"
             inner = f"{where}.{excerpt(str(key))}"
             problem = (_value_problem(item, props[key], inner, max_chars, depth + 1) if key in props
-                       else _json_problem(item, inner, depth + 1))
+                       else _json_problem(item, inner, depth + 1, max_chars))
             if problem:
                 return problem
     return None
 
 
-def _json_problem(value: Any, where: str, depth: int) -> str | None:
-    """What no tool can take inside a free-form object: a non-finite number (JSON has none), or
-    nesting deeper than :data:`MAX_ARGUMENT_DEPTH`."""
+def _json_problem(value: Any, where: str, depth: int, max_chars: int) -> str | None:
+    """What no tool can take in a free-form value (a schema of ``{}``, an object's undeclared
+    keys): a non-finite number (JSON has none), nesting deeper than :data:`MAX_ARGUMENT_DEPTH`,
+    and, as for every declared argument, a string (a key too) longer than ``max_chars`` or a list
+    or object of more items."""
     if depth > MAX_ARGUMENT_DEPTH:
         return f"{where} is nested more than {MAX_ARGUMENT_DEPTH} levels deep"
     if isinstance(value, float) and not math.isfinite(value):
         return f"{where} must be a finite number"
+    if isinstance(value, str) and len(value) > max_chars:
+        return f"{where} is longer than {max_chars} characters"
+    if isinstance(value, (dict, list)) and len(value) > max_chars:
+        return f"{where} has more than {max_chars} items"
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
+        if isinstance(key, str) and len(key) > max_chars:
+            return f"{where} has a key longer than {max_chars} characters"
         problem = _json_problem(item, f"{where}.{excerpt(str(key))}" if isinstance(value, dict) else f"{where}[{key}]",
-                                depth + 1)
+                                depth + 1, max_chars)
         if problem:
             return problem
     return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import string
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
@@ -24,17 +25,27 @@ FORMAT_FLOOR = -0.5
 
 
 def normalize_answer(text: str) -> str:
-    """Lower-case, drop punctuation and the articles a/an/the, collapse whitespace (SQuAD)."""
+    """Unicode NFKC (full-width letters and digits, ligatures and compatibility forms as their
+    plain characters), then SQuAD's: lower-case, drop punctuation and the articles a/an/the,
+    collapse whitespace."""
+    text = unicodedata.normalize("NFKC", text)
     text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
 
 
 def _best(prediction: str | None, answers: Sequence[str], score) -> float:
+    """The best ``score`` of the prediction against a gold answer, both normalised; a gold that
+    normalises to nothing (all punctuation or articles) is matched by the same text only, as
+    written (spaces aside), so a prediction of junk punctuation cannot score on it."""
     if prediction is None or not answers:
         return 0.0
     pred = normalize_answer(prediction)
-    return max(score(pred, normalize_answer(gold)) for gold in answers)
+    best = 0.0
+    for gold in answers:
+        normal = normalize_answer(gold)
+        best = max(best, score(pred, normal) if normal else float(prediction.strip() == gold.strip()))
+    return best
 
 
 def _em(pred: str, gold: str) -> float:
