@@ -128,7 +128,7 @@ class RunnerSettings(_Form):
 class AblationSpec(_Form):
     """An ablation preset (``conf/ablation/<name>.yaml``)."""
 
-    base: str = Field("train", description="Training preset (conf/<base>.yaml) or YAML path every variant starts from.")
+    base: str = Field("train", description="Training preset (a name in conf/, e.g. train for conf/train.yaml) or a YAML path that every variant starts from.")
     overrides: list[str] = Field(default_factory=list, description="key=value overrides of the training config.")
     variants: list[str] = Field(default_factory=lambda: list(VARIANTS), description="Variant names (agentr1.ablation).")
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
@@ -167,7 +167,7 @@ class AblationSpec(_Form):
 class AblationParams(_Form):
     """The ablation flow's form: a preset, overrides (spec or training keys), the output dir."""
 
-    preset: str = Field(DEFAULT_PRESET, description="conf/ablation/<preset>.yaml or a YAML path.")
+    preset: str = Field(DEFAULT_PRESET, description="An ablation preset (a name in conf/ablation/, e.g. quick) or a YAML path.")
     overrides: list[str] = Field(default_factory=list, description="Spec keys (seeds=[0,1], runner.max_workers=2, "
                                  "curve.every=5, warmup=DIR) or training keys (ppo.iterations=10, data.dir=...).")
     output_dir: str | None = Field(None, description="Ablation root (default: the preset's); the same dir resumes.")

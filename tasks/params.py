@@ -45,10 +45,10 @@ class _Form(BaseModel):
 class ConfigForm(_Form):
     """Which config a flow run uses."""
 
-    preset: str = Field(DEFAULT_PRESET, description="A preset name (conf/<name>.yaml) or a path to a YAML config.")
+    preset: str = Field(DEFAULT_PRESET, description="A preset: a name in conf/ (e.g. train, smollm2, bfcl-smollm2) or a path to a YAML config.")
     overrides: list[str] = Field(default_factory=list,
                                  description="Dotted key=value overrides, e.g. ppo.lr=3e-4 (applied last).")
-    output_dir: str | None = Field(None, description="Run directory; empty: runs/<flow>/<UTC time>.")
+    output_dir: str | None = Field(None, description="Run directory; empty: runs/, the flow name, then the start time (UTC).")
 
 
 class DataSource(_Form):
@@ -94,8 +94,8 @@ class EvaluateParams(ConfigForm):
     """Evaluate a checkpoint directory or a registered model version / alias on a split."""
 
     model: str = Field("champion", description="A policy directory, a version number, an alias (e.g. champion) "
-                                               "or models:/<name>/<version> / models:/<name>@<alias>.")
-    split: str = Field("test", description="Split of the dataset (qa/<split>.jsonl).")
+                                               "or an MLflow model URI such as models:/agentr1-policy/3 or models:/agentr1-policy@champion.")
+    split: str = Field("test", description="Split of the dataset: test, dev or train (its file in qa/).")
     max_examples: int | None = Field(None, ge=1, description="Evaluate only the first N questions.")
 
 

@@ -67,7 +67,7 @@ class SuiteSpec(_Form):
 class SuiteParams(AblationParams):
     """The suite flow's form: a preset, overrides (suite keys or training keys), the root."""
 
-    preset: str = Field(DEFAULT_SUITE, description="conf/suite/<preset>.yaml or a YAML path.")
+    preset: str = Field(DEFAULT_SUITE, description="A suite preset (a name in conf/suite/, e.g. default) or a YAML path.")
     overrides: list[str] = Field(default_factory=list, description="Suite keys (seeds=[0], study=NAME) or training "
                                  "keys for every task (ppo.iterations=10).")
     output_dir: str | None = Field(None, description="Suite root (default: the preset's); the same dir resumes.")

@@ -477,3 +477,28 @@ def test_cli_runs_a_flow_and_says_where_to_look(prefect_api, data_dir, champion,
     _corrupt(bad / "qa" / "dev.jsonl", 0, FAULTS["empty_question"][2])
     assert main(["pipeline", "--output-dir", str(tmp_path / "p"), *overrides, "-o", f"data.dir={bad}"]) == 2
     assert "validation failed" in capsys.readouterr().err
+
+
+def test_no_form_description_holds_a_placeholder_the_ui_would_eat():
+    """Prefect's form renders field descriptions as markdown, which takes <flow>, <name>... for
+    HTML tags and shows "runs//." (issue 49): every deployed flow's descriptions say it in words."""
+    import re
+
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.ablation import ablation
+    from flows.evaluate import evaluate
+    from flows.pipeline import pipeline
+    from flows.retrain import retrain
+    from flows.suite import suite
+
+    def descriptions(node) -> list[str]:
+        if isinstance(node, dict):
+            return [v for k, v in node.items() if k == "description" and isinstance(v, str)] + \
+                [d for k, v in node.items() if k != "description" for d in descriptions(v)]
+        return [d for v in node for d in descriptions(v)] if isinstance(node, list) else []
+
+    for flow in (pipeline, retrain, evaluate, ablation, suite):
+        texts = descriptions(parameter_schema(flow.fn).model_dump())
+        assert texts, flow.name
+        assert not [t for t in texts if re.search(r"<[^<>]*>", t)], flow.name
