@@ -79,6 +79,23 @@ def test_corpus_rows_hold_only_documents_of_training_questions(data_dir, tmp_pat
     assert sum(texts[d] in packed for d in train_docs) >= len(train_docs) - 2  # the tail row may be cut
 
 
+def test_a_dataset_without_supporting_documents_skips_the_corpus_steps(data_dir, tmp_path, caplog):
+    """A plug-in's environment without a corpus, trained with the default recipe (corpus steps
+    on): the warm-up says it skips them and trains on the demonstrations alone (it crashed in the
+    tokenizer on an empty text list)."""
+    import dataclasses
+
+    cfg = tiny_config(data_dir, tmp_path, "sft.corpus_steps=3", "sft.steps=2")
+    ws = Workspace.build(cfg)
+    ws.splits["train"] = [dataclasses.replace(r, supporting_docs=[]) for r in ws.splits["train"]]
+    with caplog.at_level("WARNING", logger="agentr1"):
+        _, tokenizer, _ = warmup(cfg, ws)
+    assert corpus_rows(ws, tokenizer, block=16) is None
+    stats = json.loads(next(tmp_path.glob("warmup/*stats*.json")).read_text())
+    assert stats["corpus_steps"] == 0 and stats["steps"] == 2
+    assert "sft.corpus_steps=3 skipped" in caplog.text
+
+
 @pytest.mark.slow
 def test_train_writes_summary_checkpoints_plot_and_trajectories(data_dir, tmp_path):
     cfg = tiny_config(data_dir, tmp_path / "run", "ppo.iterations=2", "sft.corpus_steps=2")

@@ -113,16 +113,19 @@ def build_model(cfg: Config, ws: Workspace, records, demos):
     return model, tokenizer, ChatFormat(tokenizer, ws.tools)
 
 
-def corpus_rows(ws: Workspace, tokenizer, block: int) -> torch.Tensor:
+def corpus_rows(ws: Workspace, tokenizer, block: int) -> torch.Tensor | None:
     """The documents that support training questions, tokenised and packed into rows of
-    ``block`` tokens (end-of-turn between documents), for the warm-up's corpus steps.
+    ``block`` tokens (end-of-turn between documents), for the warm-up's corpus steps; None
+    where they do not fill one row (a plug-in's environment without a corpus).
 
     Dev and test questions' documents are left out: the model learns to read and copy from
     text, never the facts it will be asked about.
     """
     wanted = {d for r in ws.split("train") for d in r.supporting_docs}
     texts = [d.text for d in load_corpus_dir(ws.data_dir) if d.id in wanted]
-    docs = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    docs = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    if sum(len(d) + 1 for d in docs) < block:
+        return None
     return pack_documents(docs, block, tokenizer.eos_token_id)
 
 
@@ -164,6 +167,10 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     sft = cfg.sft
     corpus_steps = sft.corpus_steps if cfg.model.kind == "scratch" else 0
     rows = corpus_rows(ws, tokenizer, sft.corpus_block) if corpus_steps else None
+    if corpus_steps and rows is None:
+        log.warning("warm-up: sft.corpus_steps=%d skipped: the training questions' supporting documents "
+                    "do not fill one row of %d tokens (no corpus)", corpus_steps, sft.corpus_block)
+        corpus_steps = 0
     if rows is not None:
         log.info("warm-up: %d corpus steps on %d rows of %d tokens, then %d steps on the demonstrations",
                  corpus_steps, len(rows), sft.corpus_block, sft.steps)
