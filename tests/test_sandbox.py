@@ -81,8 +81,40 @@ def hostile(kind: str, target: str = "") -> str:
     if kind == "huge_output":
         return "y" * 10_000_000
     if kind == "signal_parent":
-        os.kill(os.getppid(), signal.SIGTERM)
+        os.kill(os.getppid(), signal.SIGUSR2)
         return "signalled"
+    if kind == "signal_self":  # its own process it may signal (a handler, or abort())
+        old = signal.signal(signal.SIGUSR1, lambda *_: None)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        signal.signal(signal.SIGUSR1, old)
+        return "fine signal_self"
+    if kind == "chmod":
+        os.chmod(target, 0o777)
+    if kind == "chown":
+        os.chown(target, 1, 1)
+    if kind == "utime":
+        os.utime(target, (0, 0))
+    if kind == "setxattr":
+        os.setxattr(target, "user.owned", b"1")
+    if kind == "rename":
+        os.rename(target, target + ".moved")
+    if kind == "link":
+        os.link(target, target + ".link")
+    if kind == "unlink":
+        os.unlink(target)
+    if kind == "socket":
+        import socket
+        socket.create_connection(("127.0.0.1", 9), timeout=1)
+    if kind == "return_none":
+        return None
+    if kind == "return_set":
+        return {"a"}
+    if kind == "return_object":
+        return object()
+    if kind == "return_bytes":
+        return b"raw"
+    if kind in ("chmod", "chown", "utime", "setxattr", "rename", "link", "unlink", "socket"):
+        return "done"
     return f"fine {kind}"
 
 
@@ -146,11 +178,68 @@ def test_a_hostile_tool_is_a_bad_call_and_the_next_call_works(kind, message, gua
     assert not target.exists()
 
 
-def test_output_is_cut_and_writes_stay_in_scratch(guarded):
+VICTIM_KINDS = ["chmod", "chown", "utime", "setxattr", "rename", "link", "unlink", "socket", "signal_parent"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", VICTIM_KINDS)
+def test_a_tool_cannot_touch_files_processes_or_the_network_outside(kind, guarded):
+    """Metadata changes (Landlock governs contents only), renames, links and unlinks of a file
+    outside scratch, a socket to 127.0.0.1 (Prefect's and MLflow's servers are there) and a signal
+    to the trainer are each a bad call; the victim's mode, owner and times stay as they were, the
+    trainer gets no signal, and the worker's own signals still work."""
+    data, run = guarded
+    victim = data / "keep.txt"
+    before = os.stat(victim)
+    got = []
+    old = signal.signal(signal.SIGUSR2, lambda *_: got.append(1))
+    try:
+        env = _env(hostile)
+        state = env.reset(_record())
+        bad = env.step(state, format_call("hostile", {"kind": kind, "target": str(victim)}))
+        good = env.step(state, format_call("hostile", {"kind": "signal_self"}))
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+    assert bad.observation.startswith("Error: tool 'hostile' failed: permission denied"), bad.observation
+    assert bad.info["bad_call"] == 1.0
+    assert good.observation == "fine signal_self"
+    after = os.stat(victim)
+    assert [(s.st_mode, s.st_uid, s.st_gid, s.st_mtime_ns, s.st_ctime_ns, s.st_ino) for s in (before, after)] == \
+        [(before.st_mode, before.st_uid, before.st_gid, before.st_mtime_ns, before.st_ctime_ns, before.st_ino)] * 2
+    assert os.listxattr(victim) == [] and sorted(p.name for p in data.iterdir()) == ["keep.txt"]
+    assert got == []
+
+
+@pytest.mark.parametrize("kind,named", [("return_none", "NoneType"), ("return_set", "set"),
+                                        ("return_object", "object"), ("return_bytes", "bytes"),
+                                        ("huge_output", "10,000,000 characters")])
+def test_a_return_value_that_is_not_an_answer_is_a_bad_call_naming_it(kind, named):
+    """None, a set, an object or bytes are not stringified into an answer, and an answer over the
+    output bound is not silently cut: each is a bad call that names the type or the size."""
+    env = _env(hostile)
+    out = env.step(env.reset(_record()), format_call("hostile", {"kind": kind}))
+    assert out.observation.startswith("Error: tool 'hostile' failed: ") and named in out.observation, out.observation
+    assert out.info["bad_call"] == 1.0
+
+
+def test_lists_and_dicts_come_back_as_json():
+    def listing(n: int) -> dict:
+        """A listing.
+
+        Args:
+            n: How many.
+        """
+        return {"items": list(range(n)), "name": "é"}
+
+    (out, failed), = Tool.from_callable(listing).run_batch([{"n": 2}])
+    assert not failed and out.text == '{"items": [0, 1], "name": "é"}'
+
+
+def test_writes_stay_in_scratch(guarded):
     env = _env(hostile)
     state = env.reset(_record())
-    out = env.step(state, format_call("hostile", {"kind": "huge_output"}))
-    assert out.observation == "y" * LIMITS.output_chars and out.info["valid_call"] == 1.0
+    out = env.step(state, format_call("hostile", {"kind": "ok"}))
+    assert out.observation == "fine ok"
     tool = env.tool("hostile")
     scratch = tool._worker.scratch
     assert scratch is not None and scratch.is_dir() and scratch.name.startswith("agentr1-tool-hostile-")
@@ -171,19 +260,6 @@ def test_a_flood_of_keys_is_cut_in_one_pass(kind):
         tool.close()
     assert not failed and output.text == "keys"
     assert 0 < len(output.keys) and sum(len(k) + 1 for k in output.keys) <= MAX_KEYS_CHARS
-
-
-def test_the_parent_cannot_be_signalled_away(guarded):
-    """A signal to the parent from a tool is a syscall the worker may make; this shows what it
-    does: the parent (pytest) survives because the worker is another session's process and the
-    test runs a handler. The bound that matters is that the call is answered."""
-    env = _env(hostile)
-    old = signal.signal(signal.SIGTERM, lambda *_: None)
-    try:
-        out = env.step(env.reset(_record()), format_call("hostile", {"kind": "signal_parent"}))
-    finally:
-        signal.signal(signal.SIGTERM, old)
-    assert out.observation == "signalled"
 
 
 STOP_DURING_FORK = """
@@ -454,3 +530,24 @@ def test_a_long_answer_of_astral_characters_is_not_refused():
     [(out, failed)] = tool.run_batch([{"n": limits.output_chars}])
     assert not failed and out.text == "\U0001F600" * limits.output_chars
     tool.close()
+
+
+def test_a_tool_registered_for_the_network_may_open_sockets():
+    def open_socket(port: int) -> str:
+        """Opens a socket.
+
+        Args:
+            port: Unused.
+        """
+        import socket
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM):
+            return "opened"
+
+    tool = Tool.from_callable(open_socket)
+    for network, expected in ((False, "Error: tool 'open_socket' failed: permission denied"), (True, "opened")):
+        sandboxed = SandboxedTool(dataclasses.replace(tool, network=network), LIMITS)
+        try:
+            (out, failed), = sandboxed.run_batch([{"port": 1}])
+        finally:
+            sandboxed.close()
+        assert out.text.startswith(expected) and failed == (not network), out.text

@@ -30,7 +30,7 @@ import importlib
 import importlib.util
 import logging
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -116,6 +116,8 @@ class ToolEntry:
     """The tool callable, or with ``factory`` a ``factory(cfg, data_dir) -> callable``: ``data_dir`` is
     the dataset directory, or a served model's copy of its resources (the same file names)."""
     factory: bool = False
+    network: bool = False
+    """The tool opens sockets: its sandbox worker allows them."""
 
 
 _ENVS: dict[str, EnvKind] = {
@@ -205,10 +207,12 @@ def register_environment(name: str, build: Callable | None = None, *, tools: tup
     return decorate(build) if build is not None else decorate
 
 
-def register_tool(fn: Callable | None = None, *, name: str | None = None, factory: bool = False):
+def register_tool(fn: Callable | None = None, *, name: str | None = None, factory: bool = False,
+                  network: bool = False):
     """Register a tool function (``@register_tool`` or ``@register_tool(name=...)``); with
     ``factory=True`` the function is ``factory(cfg, data_dir)`` returning the tool callable, and
-    ``name=`` is required: it is the name the model calls, which the factory's own is not."""
+    ``name=`` is required: it is the name the model calls, which the factory's own is not. A tool's
+    sandbox refuses sockets unless it is registered with ``network=True``."""
     if factory and not name:
         raise RegistryError("register_tool(factory=True) needs name=...: the model calls the tool by that name "
                             "(the factory's own name would be used otherwise)")
@@ -220,7 +224,7 @@ def register_tool(fn: Callable | None = None, *, name: str | None = None, factor
         if not factory:
             tool_name = Tool.from_callable(target, name).name  # schema problems fail at import time
         _replacing("tool", tool_name, _TOOLS[tool_name].make if tool_name in _TOOLS else None, target)
-        _TOOLS[tool_name] = ToolEntry(tool_name, target, factory)
+        _TOOLS[tool_name] = ToolEntry(tool_name, target, factory, network)
         return target
     return decorate(fn) if fn is not None else decorate
 
@@ -341,9 +345,10 @@ def build_tools(cfg: Config, data_dir: Path, names: list[str] | tuple[str, ...])
         entry = _TOOLS[n]
         target = _resolve(entry.make)
         if entry.factory:  # built here for its schema, and again inside its sandbox worker
-            tools.append(Tool.from_callable(target(cfg, data_dir), n, make=partial(target, cfg, data_dir)))
+            tool = Tool.from_callable(target(cfg, data_dir), n, make=partial(target, cfg, data_dir))
         else:
-            tools.append(Tool.from_callable(target, n))
+            tool = Tool.from_callable(target, n)
+        tools.append(replace(tool, network=entry.network))
     return tools
 
 

@@ -15,10 +15,15 @@ anything:
   none larger than ``disk_mb`` (``RLIMIT_FSIZE``), and the scratch directory is checked against
   ``disk_mb`` after every request;
 - **processes**: ``fork``, ``vfork``, ``execve`` and a ``clone`` that is not a thread are refused
-  (seccomp), so a tool cannot start programs or multiply;
-- **output**: a call's text is cut to ``output_chars`` in the worker, and the parent reads at
-  most a bounded message; requests and answers are JSON, so nothing from the worker is ever
-  unpickled;
+  (seccomp), so a tool cannot start programs or multiply; so are signals to any process but the
+  worker itself, ``ptrace`` and other processes' memory;
+- **metadata and network**: changing a file's mode, owner, times or extended attributes is
+  refused everywhere (seccomp; Landlock governs contents only), and so are sockets unless the
+  tool is registered with ``network=True`` (an MCP server's tools run in the parent anyway);
+- **output**: a call's text over ``output_chars``, or a return value that is not text, a number,
+  a list or dict (JSON) or a ToolOutput, is a bad call that names the size or the type; the
+  parent reads at most a bounded message; requests and answers are JSON, so nothing from the
+  worker is ever unpickled;
 - **descriptors**: the worker closes every file descriptor it inherited (the trainer's logs,
   MLflow's database) except its pipe, and points stdout and stderr at ``/dev/null``;
 - the worker dies with its parent (``PR_SET_PDEATHSIG``).
@@ -113,9 +118,34 @@ _LL_WRITE_V1 = sum(1 << b for b in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12))  # write, 
 _LL_REFER, _LL_TRUNCATE = 1 << 13, 1 << 14  # ABI 2, ABI 3
 # Syscall numbers: (audit arch, {name: nr}); clone3 is answered ENOSYS so glibc falls back to clone.
 _SYSCALLS = {
-    "x86_64": (0xC000003E, {"fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "clone": 56, "clone3": 435}),
-    "aarch64": (0xC00000B7, {"execve": 221, "execveat": 281, "clone": 220, "clone3": 435}),
+    "x86_64": (0xC000003E, {
+        "fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "clone": 56, "clone3": 435,
+        "chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "chown": 92, "fchown": 93, "lchown": 94,
+        "fchownat": 260, "utime": 132, "utimes": 235, "futimesat": 261, "utimensat": 280,
+        "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198,
+        "fremovexattr": 199, "setxattrat": 463, "removexattrat": 466,
+        "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
+        "pidfd_send_signal": 424, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
+        "io_uring_setup": 425, "socket": 41}),
+    "aarch64": (0xC00000B7, {
+        "execve": 221, "execveat": 281, "clone": 220, "clone3": 435,
+        "fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "fchownat": 54, "fchown": 55, "utimensat": 88,
+        "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15,
+        "fremovexattr": 16, "setxattrat": 463, "removexattrat": 466,
+        "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
+        "pidfd_send_signal": 424, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271,
+        "io_uring_setup": 425, "socket": 198}),
 }
+_DENIED = ("fork", "vfork", "execve", "execveat",  # new programs and processes
+           # metadata: Landlock governs contents, not modes, owners, times or attributes
+           "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
+           "utime", "utimes", "futimesat", "utimensat",
+           "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
+           "setxattrat", "removexattrat",
+           # other processes: signals by thread id or pidfd, tracing, their memory
+           "tkill", "pidfd_send_signal", "ptrace", "process_vm_readv", "process_vm_writev",
+           "io_uring_setup")  # io_uring would run the calls above without a syscall seccomp sees
+_SELF_ONLY = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")  # first argument: the process
 _CLONE_THREAD = 0x00010000
 _EPERM, _ENOSYS = 1, 38
 
@@ -146,8 +176,10 @@ def _landlock(scratch: Path) -> str | None:
     return None
 
 
-def _seccomp() -> str | None:
-    """Refuse new processes and programs (threads stay allowed); why not, or None when done."""
+def _seccomp(pid: int, network: bool = False) -> str | None:
+    """Refuse new processes and programs (threads stay allowed), metadata changes, signals to any
+    process but ``pid`` (the worker itself), tracing and, unless ``network``, sockets; why not, or
+    None when done."""
     import platform
 
     machine = platform.machine()
@@ -160,13 +192,15 @@ def _seccomp() -> str | None:
     def op(code, k, jt=0, jf=0):
         return struct.pack("=HBBI", code, jt, jf, k)
 
-    denied = [nr[n] for n in ("fork", "vfork", "execve", "execveat") if n in nr]
+    denied = [nr[n] for n in (*_DENIED, *(() if network else ("socket",))) if n in nr]
     prog = [op(ld, 4), op(jeq, arch, 1, 0), op(ret, eperm), op(ld, 0),
             op(jge, 0x40000000, 0, 1), op(ret, eperm)]  # x32 syscalls on x86_64
     for n in denied:
         prog += [op(jeq, n, 0, 1), op(ret, eperm)]
-    prog += [op(jeq, nr["clone3"], 0, 1), op(ret, enosys),
-             op(jeq, nr["clone"], 0, 1 + 2), op(ld, 16), op(jset, _CLONE_THREAD, 1, 0), op(ret, eperm),
+    prog += [op(jeq, nr["clone3"], 0, 1), op(ret, enosys)]
+    for n in _SELF_ONLY:  # its first argument (the low word: a pid_t) must be this process
+        prog += [op(jeq, nr[n], 0, 4), op(ld, 16), op(jeq, pid & 0xFFFFFFFF, 0, 1), op(ret, allow), op(ret, eperm)]
+    prog += [op(jeq, nr["clone"], 0, 1 + 2), op(ld, 16), op(jset, _CLONE_THREAD, 1, 0), op(ret, eperm),
              op(ret, allow)]
     code = b"".join(prog)
     buf = ctypes.create_string_buffer(code, len(code))
@@ -189,7 +223,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """The signals that stop a run: held back while a worker forks, the default action in a worker."""
 
 
-def _confine(limits: SandboxLimits, scratch: Path, keep_fd: int) -> list[str]:
+def _confine(limits: SandboxLimits, scratch: Path, keep_fd: int, network: bool = False) -> list[str]:
     """Everything the worker does before it runs a tool (module docstring); returns what could
     not be applied."""
     libc = _libc()
@@ -214,7 +248,7 @@ def _confine(limits: SandboxLimits, scratch: Path, keep_fd: int) -> list[str]:
     missing = []
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         missing.append("no_new_privs refused")
-    for step in (lambda: _landlock(scratch), _seccomp):
+    for step in (lambda: _landlock(scratch), lambda: _seccomp(os.getpid(), network)):
         problem = step()
         if problem:
             missing.append(problem)
@@ -233,7 +267,7 @@ def _dir_bytes(path: Path) -> int:
 def _serve(conn, tool: Tool, make: Callable[[], Any] | None, limits: SandboxLimits, scratch: Path) -> None:
     """The worker's loop: confine, build the tool, answer requests until the pipe closes."""
     try:
-        missing = _confine(limits, scratch, conn.fileno())
+        missing = _confine(limits, scratch, conn.fileno(), tool.network)
         if make is not None:  # the tool built inside its sandbox (it opens its own files)
             tool = replace(tool, **_callables(make()))
         enter = getattr(tool.fn, "enter_sandbox", None)
@@ -258,8 +292,10 @@ def _serve(conn, tool: Tool, make: Callable[[], Any] | None, limits: SandboxLimi
         signal.setitimer(signal.ITIMER_PROF, 0)
         answer = []
         for output, failed in results:
-            text = output.text[: limits.output_chars]
-            answer.append([text, _kept_keys(output.keys), failed])
+            if len(output.text) > limits.output_chars:  # a bad call, not a silently cut answer
+                output, failed = tool.failure(ToolError(f"it returned {len(output.text):,} characters, over the "
+                                                        f"{limits.output_chars:,} of env.sandbox.output_chars")), True
+            answer.append([output.text, _kept_keys(output.keys), failed])
         if _dir_bytes(scratch) > limits.disk_mb << 20:
             conn.send_bytes(json.dumps({"error": f"it wrote more than {limits.disk_mb} MiB"}).encode())
             return
@@ -286,8 +322,8 @@ def _bounded(fn: Callable, limits: SandboxLimits) -> Callable:
         except MemoryError:
             raise ToolError(f"it needed more than {limits.memory_mb} MiB of memory") from None
         except PermissionError:
-            raise ToolError("permission denied (a tool may write only in its scratch directory and may not "
-                            "start processes)") from None
+            raise ToolError("permission denied (a tool may write only in its scratch directory; it may not change "
+                            "files' modes, owners or times, start processes, signal others or open sockets)") from None
         except OSError as err:
             if err.errno == errno.EFBIG:
                 raise ToolError(f"it wrote a file larger than {limits.disk_mb} MiB") from None

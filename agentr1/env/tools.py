@@ -30,6 +30,7 @@ a short, inert excerpt; the environment counts it and applies the bad-call penal
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Sequence
 
@@ -57,9 +58,22 @@ class ToolOutput:
 
 
 def _as_output(value: Any) -> ToolOutput:
+    """A tool's return value as its observation: text, a ToolOutput, a number or a bool as written,
+    a list or dict as JSON. Anything else (None, a set, bytes, an object) is a ToolError naming its
+    type: a tool that returns it has a bug the agent should not be paid for reading around."""
     if isinstance(value, ToolOutput):
-        return ToolOutput(encodable(str(value.text)), tuple(str(k) for k in value.keys))
-    return ToolOutput(encodable(str(value)))
+        if not isinstance(value.text, str):
+            raise ToolError(f"it returned a ToolOutput whose text is a {type(value.text).__name__}, not a str")
+        return ToolOutput(encodable(value.text), tuple(str(k) for k in value.keys))
+    if isinstance(value, (str, bool, int, float)):
+        return ToolOutput(encodable(str(value)))
+    if isinstance(value, (list, dict)):
+        try:
+            return ToolOutput(encodable(json.dumps(value, ensure_ascii=False, allow_nan=False)))
+        except (TypeError, ValueError) as err:
+            raise ToolError(f"it returned a {type(value).__name__} that is not JSON: {err}") from None
+    raise ToolError(f"it returned a {type(value).__name__}; a tool returns text, a number, a list or dict "
+                    "(as JSON) or a ToolOutput")
 
 
 @dataclass(frozen=True)
@@ -73,6 +87,8 @@ class Tool:
     make: Callable[[], Any] | None = None
     """Builds the tool's callable anew, in a sandboxed worker (``agentr1.env.sandbox``), so that it
     opens its own files there; None: the worker uses the object it inherits."""
+    network: bool = False
+    """The tool opens sockets (its sandbox worker allows them; every other tool's refuses them)."""
     isolated: ClassVar[bool] = False
     """True for a tool whose calls already run in a process of their own (an MCP server's): it
     gets no sandbox worker around it."""
@@ -141,16 +157,17 @@ class Tool:
                     raise ToolError(f"batch returned {len(results)} results for {len(calls)} calls")
                 return [(_as_output(r), False) for r in results]
             except Exception as err:  # noqa: BLE001 - a tool must never crash a rollout
-                return [(self._failure(err), True)] * len(calls)
+                return [(self.failure(err), True)] * len(calls)
         out = []
         for args in calls:
             try:
                 out.append((_as_output(self.fn(**args)), False))
             except Exception as err:  # noqa: BLE001 - a tool must never crash a rollout
-                out.append((self._failure(err), True))
+                out.append((self.failure(err), True))
         return out
 
-    def _failure(self, err: Exception) -> ToolOutput:
+    def failure(self, err: Exception) -> ToolOutput:
+        """The observation of a failed call: a ToolError's message, any other error's type."""
         detail = excerpt(str(err), 120) if isinstance(err, ToolError) else type(err).__name__
         return ToolOutput(f"Error: tool '{self.name}' failed: {detail}")
 
