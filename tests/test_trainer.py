@@ -210,6 +210,30 @@ def test_every_shipped_config_validates(path):
     assert cfg.model.kind in ("scratch", "pretrained")
 
 
+def test_the_default_recipe_file_restates_the_code_defaults_exactly():
+    """conf/train.yaml spells out every default for users to read and copy; agentr1/config.py is
+    their one source. A value changed in one place only fails here, naming the key."""
+    import yaml
+
+    from agentr1.config import Config
+
+    defaults = Config().model_dump(mode="json")
+    mismatched, seen = [], 0
+
+    def walk(written: dict, code: dict, path: str) -> None:
+        nonlocal seen
+        for key, value in written.items():
+            if isinstance(value, dict) and isinstance(code.get(key), dict):
+                walk(value, code[key], f"{path}{key}.")
+                continue
+            seen += 1
+            if key not in code or code[key] != value:
+                mismatched.append(f"{path}{key}: conf/train.yaml {value!r}, agentr1/config.py {code.get(key, '(none)')!r}")
+
+    walk(yaml.safe_load(open("conf/train.yaml")), defaults, "")
+    assert seen > 60 and mismatched == []
+
+
 def test_auto_precision_is_bf16_only_where_the_device_has_it_natively(monkeypatch):
     from agentr1.rl import distributed
 
