@@ -118,6 +118,24 @@ def test_regenerated_sql_data_hashes_to_data_sql_dvc(tmp_path):
     _check_pinned(_regenerate(tmp_path / "data-sql", "DATA_SQL_SYNTH"), _pinned("data-sql"))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["bfcl-smollm2", "calculator-smollm2"])
+def test_converted_real_data_hashes_to_its_dvc_pin(preset, tmp_path, monkeypatch):
+    """data-bfcl.dvc and data-calculator.dvc pin what the presets' data.sources convert to (BFCL
+    from the bfcl-eval package, SVAMP and MAWPS + ASDiv-A from ../shared/realdata)."""
+    from agentr1.config import load_config
+    from agentr1.recipe.workspace import ensure_data
+
+    name = load_config(ROOT / "conf" / f"{preset}.yaml").data.dir
+    cfg = load_config(ROOT / "conf" / f"{preset}.yaml", [f"data.dir={tmp_path / name}"])
+    for source in cfg.data.sources:  # relative inputs are the repository's, as `dvc repro` runs them
+        if source.input and not Path(source.input).is_absolute():
+            if not (ROOT / source.input).exists():
+                pytest.skip(f"{source.input}: the shared real data is not on this machine")
+    monkeypatch.chdir(ROOT)
+    _check_pinned(ensure_data(cfg), _pinned(name))
+
+
 def _check_pinned(regenerated: Path, pinned: dict) -> None:
     from dvc_data.hashfile.build import build
     from dvc_data.hashfile.db import HashFileDB
@@ -143,7 +161,9 @@ def _check_pinned(regenerated: Path, pinned: dict) -> None:
 
 def test_pipeline_is_validate_warmup_ppo_evaluate(dvc_repo):
     stages, edges = dvc_repo["stages"], dvc_repo["edges"]
-    assert set(stages) == {DATA_STAGE, "data-sql.dvc", MODEL_STAGE, *PIPELINE}
+    pins = {f.name for f in ROOT.glob("*.dvc") if f.is_file()}  # data.dvc, data-sql.dvc, the real benchmarks' pins
+    assert {DATA_STAGE, "data-sql.dvc", "data-bfcl.dvc", "data-calculator.dvc"} <= pins
+    assert set(stages) == {*pins, MODEL_STAGE, *PIPELINE}
     assert not {b for a, b in edges if a == MODEL_STAGE}
     upstream = {name: {b for a, b in edges if a == name} - {DATA_STAGE} for name in PIPELINE}
     assert upstream == {"validate": set(), "warmup": {"validate"}, "ppo": {"warmup"},
