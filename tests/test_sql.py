@@ -113,11 +113,24 @@ def _busy() -> None:
         pass
 
 
+def _beside_busy_processes(run):
+    """``run()`` while 4 busy loops compete for this machine's cores."""
+    import multiprocessing as mp
+
+    busy = [mp.get_context("fork").Process(target=_busy, daemon=True) for _ in range(4)]
+    for p in busy:
+        p.start()
+    try:
+        return run()
+    finally:
+        for p in busy:
+            p.kill()
+            p.join()
+
+
 def test_the_step_budget_not_the_machine_load_decides(world):
     """A query just inside its budget succeeds and one just past it fails, the same on an idle
     machine and beside busy processes: the outcome (observation, reward) cannot depend on load."""
-    import multiprocessing as mp
-
     data, _ = world
     tool = SQLTool(data / DB_FILE, vm_steps=2_000_000)
     steps_per_row = 8  # a recursive CTE's row here takes fewer than this many VM instructions
@@ -133,17 +146,52 @@ def test_the_step_budget_not_the_machine_load_decides(world):
         return out
 
     idle = outcomes()
-    busy = [mp.get_context("fork").Process(target=_busy, daemon=True) for _ in range(4)]
-    for p in busy:
-        p.start()
-    try:
-        loaded = outcomes()
-    finally:
-        for p in busy:
-            p.kill()
-            p.join()
+    loaded = _beside_busy_processes(outcomes)
     assert idle == loaded
     assert not idle[0].startswith("error") and idle[1].startswith("error: the query ran more than 2,000,000 steps")
+
+
+def _instr_loop(chars: int, calls: int) -> str:
+    """A query whose every step is as dear as a value of ``chars`` characters allows: ``calls``
+    quadratic ``instr`` scans per row (a needle of half the string, ending in a character the
+    string lacks), over 100,000 rows."""
+    def tree(k: int) -> str:  # a balanced sum stays within SQLite's expression depth
+        return "instr(substr(s, i % 2), substr(s, 1, length(s) / 2) || 'b')" if k == 1 \
+            else f"({tree(k // 2)} + {tree(k - k // 2)})"
+    return (f"WITH RECURSIVE d(s) AS (SELECT 'a' UNION ALL SELECT s || s FROM d WHERE length(s) * 2 <= {chars}), "
+            f"b(s) AS (SELECT max(s) || substr(max(s), 1, {chars} - length(max(s))) FROM d), "
+            f"r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r LIMIT 100000) SELECT sum({tree(calls)}) AS v FROM r, b")
+
+
+def test_dear_steps_end_at_the_same_limit_idle_and_beside_busy_processes(tmp_path, monkeypatch):
+    """Work, not time, decides: a query whose steps are made as expensive as the value cap
+    allows ends at its step budget, and one that needs longer values is refused at once, with
+    the same observation and reward through the sandboxed tool (its default CPU and wall limits)
+    idle and beside 4 busy processes. With 100 KB values and 10M steps the second query was
+    stopped by the CPU limit idle and by the wall limit under load (issue 48)."""
+    from agentr1.config import load_config
+    from agentr1.env.registry import build_env, resolve
+
+    splits, corpus, files = generate(0, 8, 2, 2)
+    write_dataset(tmp_path / "data-sql", splits, corpus, files=files)
+    monkeypatch.chdir(tmp_path)
+    env = build_env(resolve(load_config(None, ["env.kind=sql", "data.dir=data-sql", "env.max_query_chars=5000",
+                                               "env.max_turns=100"])), "data-sql")
+    queries = {"dear": _instr_loop(MAX_VALUE_BYTES - 100, 64), "long": _instr_loop(32_768, 8)}
+
+    def outcomes() -> dict[str, tuple[str, float]]:
+        state = env.reset(splits["train"][0])
+        out = {}
+        for name, query in queries.items():
+            result = env.step(state, format_call("sql", {"query": query}))
+            out[name] = (result.observation, result.process_reward)
+        return out
+
+    idle = outcomes()
+    loaded = _beside_busy_processes(outcomes)
+    assert idle == loaded, (idle, loaded)
+    assert "ran more than 2,000,000 steps" in idle["dear"][0], idle["dear"][0]
+    assert "too big" in idle["long"][0], idle["long"][0]
 
 
 def test_a_value_larger_than_the_limit_is_an_error_not_an_allocation(world):

@@ -11,7 +11,12 @@ what it covers, none trusted alone:
   ``PRAGMA``, transactions, ``load_extension`` and any function not on the list;
 - a progress handler aborts a query once it has run :data:`VM_STEPS` virtual-machine
   instructions (counted every :data:`PROGRESS_OPS`): a budget of work, not of time, so whether a
-  query finishes never depends on how busy the machine is;
+  query finishes never depends on how busy the machine is. It binds before the sandbox's time
+  limits only because no step can be made expensive: one instruction can call a function whose
+  cost grows with its arguments (``instr``/``replace`` over two long strings is quadratic), so
+  :data:`MAX_VALUE_BYTES` keeps every value, and the statement itself, small enough that
+  :data:`VM_STEPS` of the dearest steps stay well inside ``sandbox.cpu_s``, and inside
+  ``sandbox.wall_s`` beside 4 busy processes;
 - temporary tables and sorts stay in memory (``temp_store = MEMORY``: no temp files), and inside
   a sandbox worker (``agentr1.env.sandbox``, where every tool call runs) SQLite's whole heap is
   capped at :data:`HEAP_LIMIT_BYTES`, which bounds what the VM-step count cannot see: planning.
@@ -46,9 +51,14 @@ DB_FILE = "world.sqlite"
 MAX_ROWS = 10
 MAX_CHARS = 1000
 """The observation's length when the environment sets no ``max_doc_chars``."""
-VM_STEPS = 10_000_000
-"""Virtual-machine instructions per query (~0.1-0.5 s of work here). The generated questions'
-queries are primary-key look-ups of a few hundred instructions."""
+VM_STEPS = 2_000_000
+"""Virtual-machine instructions per query. The generated questions' queries are primary-key
+look-ups of a few hundred instructions; an analytic query over the SQL world (a GROUP BY over
+people's 72k rows) takes 1.2M. The dearest steps measured here (``instr`` of a 500-character
+needle in a 1,000-character string, as many calls per row as a statement of
+:data:`MAX_VALUE_BYTES` holds) cost ~0.35 us, so the whole budget is ~0.7 s of CPU: the budget
+ends such a query, idle or beside 4 busy processes, never the sandbox's 5 s CPU or 10 s wall
+limit (it was 10M steps with 100 KB values: ~40 us a step, 400 s of work)."""
 PROGRESS_OPS = 1000
 """Instructions between two calls of the progress handler (its Python callback costs well under
 1% of a query)."""
@@ -56,8 +66,11 @@ HEAP_LIMIT_BYTES = 64 << 20
 """SQLite's memory in a sandbox worker (``PRAGMA hard_heap_limit``, which binds every SQLite
 connection of a process: it is set only there, never in the trainer, where MLflow's store uses
 SQLite too)."""
-MAX_VALUE_BYTES = 100_000
-"""SQLITE_LIMIT_LENGTH: the longest string or blob a query may build (default 1 GB)."""
+MAX_VALUE_BYTES = 1024
+"""SQLITE_LIMIT_LENGTH: the longest string or blob a query may build, a row of a temporary
+table, and the statement's text (default 1 GB). The world's values are names of at most 9
+characters, and an observation shows 1,000 characters at most: nothing a query needs is
+longer, and the cap bounds what one step can cost (:data:`VM_STEPS`)."""
 MAX_COLUMNS = 64
 MAX_SQL_BYTES = 10_000
 """SQLITE_LIMIT_SQL_LENGTH: the longest statement, whatever ``env.max_query_chars`` lets through."""
