@@ -114,6 +114,43 @@ def use_local_server(api: str = LOCAL_PREFECT_API) -> bool:
     return True
 
 
+def start_temporary_server() -> None:
+    """Start Prefect's temporary server now, in a session of its own, when the flow would start
+    one (no API configured and none found by :func:`use_local_server`).
+
+    A terminal's Ctrl-C, a closing terminal or ``kill -TERM -<pgid>`` reaches every process of
+    the foreground group at once. A server in the group died with the flow, which then spent
+    ~70 s retrying to record its Crashed state against it and left the flow run Running. Out of
+    the group it outlives the flow's final state; Prefect's own ``atexit`` handler stops it as
+    the process exits, and it dies with this process (``PR_SET_PDEATHSIG``) if that is killed.
+    Prefect's clients find it as they would the one they start (it is the same instance)."""
+    if os.environ.get("PREFECT_API_URL"):
+        return
+    import ctypes
+    import functools
+    import subprocess
+    import types
+
+    from prefect.server.api import server as prefect_server
+    from prefect.settings import PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
+
+    if not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
+        return
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork: the child only calls it
+
+    def die_with_parent() -> None:
+        prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+    own_session = types.SimpleNamespace(
+        Popen=functools.partial(subprocess.Popen, start_new_session=True, preexec_fn=die_with_parent))
+    server = prefect_server.SubprocessASGIServer()
+    prefect_server.subprocess = own_session  # read by the server's Popen call only, while it starts
+    try:
+        server.start()
+    finally:
+        prefect_server.subprocess = subprocess
+
+
 def flow_params(args: argparse.Namespace):
     """The flow and its parameter model from the command line."""
     from tasks.params import DataSource, EvaluateParams, PipelineParams, RetrainParams
@@ -261,7 +298,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
     resolve_config(params, args.flow)  # a bad preset, key or value: said now, not after the server has started
     server = use_local_server()
-
+    start_temporary_server()
     state = run_flow(args, flow, params)
     try:
         result = state.result()  # a refusal (agentr1/errors.py) goes on to `agentr1`'s one-line error
@@ -333,6 +370,7 @@ def _run_study(args: argparse.Namespace, flow, make_params, failed: type[Excepti
     server = use_local_server()
     from tasks.validation import ValidationFailed
 
+    start_temporary_server()
     state = run_flow(args, flow, make_params())
     try:
         result = state.result()
