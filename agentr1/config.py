@@ -130,7 +130,8 @@ class SandboxConfig(_Section):
     memory_mb: int = Field(1024, ge=16)
     """Memory a worker may allocate beyond what it inherits (its tool, e.g. a search index)."""
     disk_mb: int = Field(64, ge=0)
-    """Bytes, in MiB, a worker may keep in its scratch directory (and the largest file)."""
+    """Bytes, in MiB, a worker may keep in its scratch directory (and the largest file): the size of
+    the tmpfs it writes in, so a write past it fails as it is made."""
     output_chars: int = Field(20_000, ge=100)
     """Characters of one call's result as the worker sends it, and as the model then reads it:
     only the search tool cuts its documents further (``env.max_doc_chars`` each). A result longer

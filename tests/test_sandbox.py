@@ -65,6 +65,15 @@ def hostile(kind: str, target: str = "") -> str:
         for i in range(64):
             Path(f"f{i}.bin").write_bytes(b"x" * (512 << 10))  # each under the file limit, all over it
         return "written"
+    if kind == "fill":  # files under the file limit until a write fails: how much got written
+        written = 0
+        try:
+            for i in range(64):
+                Path(f"f{i}.bin").write_bytes(b"x" * (512 << 10))
+                written += 512 << 10
+        except OSError as err:
+            return f"fine {written} bytes, then errno {err.errno}"
+        return f"fine {written} bytes"
     if kind == "slow":
         time.sleep(60)
     if kind == "exit":
@@ -233,6 +242,28 @@ def test_lists_and_dicts_come_back_as_json():
 
     (out, failed), = Tool.from_callable(listing).run_batch([{"n": 2}])
     assert not failed and out.text == '{"items": [0, 1], "name": "é"}'
+
+
+def _user_namespaces() -> bool:
+    probe = "import ctypes, sys; sys.exit(ctypes.CDLL(None).unshare(0x10000000 | 0x20000) != 0)"
+    return subprocess.run([sys.executable, "-c", probe]).returncode == 0
+
+
+@pytest.mark.skipif(not _user_namespaces(), reason="this kernel or container refuses user namespaces: the "
+                    "scratch directory is checked after each call instead")
+def test_the_disk_budget_binds_at_the_write_not_after_the_call(guarded):
+    """The scratch directory is a tmpfs of disk_mb: 64 files of 512 KiB (each under the file
+    limit) fail at the write that passes 1 MiB, with ENOSPC, instead of 32 MiB landing on the
+    machine's disk before the after-call check (990 MiB in 0.26 s with the default limits)."""
+    import errno
+
+    env = _env(hostile)
+    state = env.reset(_record())
+    out = env.step(state, format_call("hostile", {"kind": "fill"}))
+    assert out.observation.startswith("fine "), out.observation
+    written = int(out.observation.split()[1])
+    assert written <= LIMITS.disk_mb << 20 and out.observation.endswith(f"errno {errno.ENOSPC}"), out.observation
+    assert env.step(state, format_call("hostile", {"kind": "fill"})).observation == out.observation  # it goes on
 
 
 def test_writes_stay_in_scratch(guarded):

@@ -12,8 +12,10 @@ anything:
 - **memory**: the worker's address space may grow by ``memory_mb`` over what it started with
   (``RLIMIT_AS``: an allocation past it fails, Python raises MemoryError);
 - **disk**: files may be written only inside the worker's scratch directory (Linux Landlock),
-  none larger than ``disk_mb`` (``RLIMIT_FSIZE``), and the scratch directory is checked against
-  ``disk_mb`` after every request;
+  which is a tmpfs of ``disk_mb`` mounted in a user and mount namespace of the worker's own, so
+  a write past the budget fails as it is made (``ENOSPC``), however many files it is spread over;
+  none larger than ``disk_mb`` either (``RLIMIT_FSIZE``), and the directory is checked against
+  ``disk_mb`` after every request (what stands where user namespaces are not allowed);
 - **processes**: ``fork``, ``vfork``, ``execve`` and a ``clone`` that is not a thread are refused
   (seccomp), so a tool cannot start programs or multiply; so are signals to any process but the
   worker itself, ``ptrace`` and other processes' memory;
@@ -211,6 +213,30 @@ def _seccomp(pid: int, network: bool = False) -> str | None:
     return None
 
 
+_CLONE_NEWNS, _CLONE_NEWUSER = 0x00020000, 0x10000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
+
+
+def _capped_scratch(scratch: Path, disk_mb: int) -> str | None:
+    """Mount a tmpfs of ``disk_mb`` on ``scratch``, seen by this process alone (a user namespace
+    that maps its own ids, and a mount namespace whose mounts never propagate back); why not, or
+    None when done. Must run single-threaded (a freshly forked worker is)."""
+    libc = _libc()
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
+        return f"no size-capped scratch (user namespaces refused: errno {ctypes.get_errno()})"
+    try:
+        Path("/proc/self/setgroups").write_text("deny")
+        Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+        Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
+    except OSError as err:
+        return f"no size-capped scratch (id maps refused: {err})"
+    options = f"size={max(disk_mb << 20, 4096)},mode=0700".encode()  # size=0 would mean unbounded
+    if libc.mount(b"tmpfs", os.fsencode(scratch), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, options) != 0:
+        return f"no size-capped scratch (tmpfs mount refused: errno {ctypes.get_errno()})"
+    return None
+
+
 def _vm_bytes() -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -227,6 +253,7 @@ def _confine(limits: SandboxLimits, scratch: Path, keep_fd: int, network: bool =
     """Everything the worker does before it runs a tool (module docstring); returns what could
     not be applied."""
     libc = _libc()
+    capped = _capped_scratch(scratch, limits.disk_mb)  # first: a change of credentials would clear the next
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     os.setsid()  # its own process group: the parent kills exactly it
     faulthandler.disable()  # a crash ends the worker at once (the parent says which signal)
@@ -245,7 +272,7 @@ def _confine(limits: SandboxLimits, scratch: Path, keep_fd: int, network: bool =
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.disk_mb * mb, limits.disk_mb * mb))
     memory = _vm_bytes() + limits.memory_mb * mb
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))  # hard too: the tool cannot lift it
-    missing = []
+    missing = [capped] if capped else []
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         missing.append("no_new_privs refused")
     for step in (lambda: _landlock(scratch), lambda: _seccomp(os.getpid(), network)):
@@ -327,6 +354,8 @@ def _bounded(fn: Callable, limits: SandboxLimits) -> Callable:
         except OSError as err:
             if err.errno == errno.EFBIG:
                 raise ToolError(f"it wrote a file larger than {limits.disk_mb} MiB") from None
+            if err.errno == errno.ENOSPC:  # the scratch tmpfs is full
+                raise ToolError(f"it wrote more than {limits.disk_mb} MiB") from None
             raise
     return call
 
