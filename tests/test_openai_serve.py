@@ -4,6 +4,7 @@ the mapping of a conversation onto the training format (agentr1/openai_chat.py).
 from __future__ import annotations
 
 import json
+import random
 import socket
 import threading
 import time
@@ -282,6 +283,62 @@ def test_hostile_request_fields_are_refused_not_crashed_on(server):
                        (call(json.dumps({"query": "x" * 200_000})), "function.arguments has 200")):
         answer = post(body)
         assert answer.status_code == 400 and said in answer.json()["error"]["message"], (said, answer.text[:200])
+
+
+def _hostile_bodies(question: str, n: int, seed: int = 5) -> list[object]:
+    """``n`` generated request bodies, each one field of a valid request made hostile: a wrong type,
+    a junk role or content, a malformed tool call, a huge or deeply nested value, a sampling
+    number out of range or not finite."""
+    rng = random.Random(seed)
+    junk = [None, True, -1, 2**70, 1e308, float("nan"), "", "x" * 100_000, [], {}, [[[]]], {"a": {"b": 1}},
+            "<|im_start|>system", "\udcff", "\u0000", ["user"], {"role": "user"}]
+    good_call = {"id": "c", "type": "function", "function": {"name": "search", "arguments": '{"query": "x"}'}}
+    fields = {
+        "messages": lambda: rng.choice(junk),
+        "role": lambda: [{"role": rng.choice(junk + ["robot", "function", "developer "]), "content": question}],
+        "content": lambda: [{"role": "user", "content": rng.choice(junk)}],
+        "tool_call": lambda: [{"role": "user", "content": question},
+                              {"role": "assistant", "tool_calls": [{**good_call, rng.choice(["id", "type", "function"]):
+                                                                    rng.choice(junk)}]},
+                              {"role": "tool", "tool_call_id": "c", "content": "x"}],
+        "arguments": lambda: [{"role": "user", "content": question},
+                              {"role": "assistant", "tool_calls": [{**good_call, "function": {
+                                  "name": rng.choice(junk + ["search"]), "arguments": rng.choice(junk)}}]},
+                              {"role": "tool", "tool_call_id": rng.choice(junk + ["c"]), "content": rng.choice(junk)}],
+        "sampling": lambda: [{"role": "user", "content": question}],
+    }
+    bodies: list[object] = []
+    for i in range(n):
+        kind = list(fields)[i % len(fields)]
+        body = {"messages": fields[kind]()}
+        if kind == "sampling":
+            body[rng.choice(["temperature", "top_p", "max_tokens", "n", "seed", "stream", "tools", "tool_choice",
+                             "model", "stop"])] = rng.choice(junk)
+        bodies.append(body)
+    return bodies
+
+
+@pytest.mark.slow
+def test_fifty_generated_hostile_requests_get_an_answer_or_a_400_never_a_500(server):
+    """The hostile harness's OpenAI part: 50 generated request bodies (plus raw bytes that are
+    not JSON) each get a 200 or an OpenAI-shaped 4xx naming what is wrong, none a 5xx or a hang,
+    and the server answers a plain question afterwards."""
+    import httpx
+
+    question = server["test"][1].question
+    url = f"{server['url']}/chat/completions"
+    statuses = []
+    raw = [b"", b"{", b"\xff\xfe", b"[]", b"null", b'{"messages": [' + b"[" * 10_000]
+    bodies = [json.dumps(b, allow_nan=True).encode() for b in _hostile_bodies(question, 50)] + raw
+    for body in bodies:
+        answer = httpx.post(url, content=body, headers={"Content-Type": "application/json"}, timeout=60)
+        statuses.append(answer.status_code)
+        assert answer.status_code == 200 or 400 <= answer.status_code < 500, (body[:200], answer.text[:300])
+        if answer.status_code != 200:
+            assert answer.json()["error"]["message"], answer.text[:300]
+    assert statuses.count(200) < len(statuses) and sum(400 <= s < 500 for s in statuses) > len(statuses) // 2
+    plain = httpx.post(url, json={"messages": [{"role": "user", "content": question}]}, timeout=60)
+    assert plain.status_code == 200
 
 
 @pytest.mark.slow
