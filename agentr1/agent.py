@@ -190,7 +190,8 @@ class Agent:
     def __init__(self, cfg: Config, policy_dir: str | Path, resources: str | Path, device: str | None = None):
         # Heavy imports here: this module is imported by the CLI's parser.
         from agentr1.env.registry import build_env
-        from agentr1.recipe.workspace import Workspace, make_engine, resolve_device
+        from agentr1.device import resolve_device
+        from agentr1.recipe.workspace import Workspace, make_engine
         from models.chat import ChatFormat
         from models.policy import load_actor_critic
 
@@ -198,7 +199,7 @@ class Agent:
         resources = Path(resources)
         env = build_env(cfg, resources)
         # A Workspace without splits: the one place that says which tools the prompt shows.
-        ws = Workspace(resources if resources.is_dir() else resources.parent, {}, env, resolve_device(cfg),
+        ws = Workspace(resources if resources.is_dir() else resources.parent, {}, env, resolve_device(cfg.device),
                        cfg.env.tools_in_prompt)
         self.env = env
         model, self.tokenizer = load_actor_critic(policy_dir, device=ws.device)

@@ -344,7 +344,7 @@ class PPOConfig(_Section):
     mixed_precision: Literal["no", "bf16", "auto"] = "no"
     """Autocast of the warm-up and PPO updates (weights and optimizer stay fp32): ``bf16``, ``no``,
     or ``auto``: bf16 only where the device has it natively (a GPU, a CPU with AMX or AVX-512 BF16;
-    ``agentr1.rl.distributed.native_bf16``), since emulated bf16 is far slower than fp32."""
+    ``agentr1.device.native_bf16``), since emulated bf16 is far slower than fp32."""
     checkpoint_every: int = Field(10, ge=0)
     dev_every: int = Field(5, ge=0)
     """Evaluate on ``dev_split`` (greedy and sampled, its first ``dev_examples``) before the first

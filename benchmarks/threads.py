@@ -3,7 +3,7 @@
 Why: torch's CPU build runs its intra-op thread pool on OpenMP (libgomp), whose threads spin at
 every barrier. When other programs keep the cores busy, a spinning thread holds a core its
 partner needs, and a 2-thread step slowed ~10x on a machine at load ~7 (issue 30). The setting
-chosen here is applied by ``agentr1/threads.py`` where every process starts.
+chosen here is applied by ``agentr1/device.py`` where every process starts.
 
 Each measurement runs in a fresh process (OpenMP reads its environment when torch loads it),
 side by side in one run: for each load (``--loads``: 0 and 4 busy-loop processes that this script
@@ -25,7 +25,7 @@ import warmup_step  # the sibling script: `python benchmarks/threads.py` puts be
 
 
 # name -> environment changes (None removes the variable). "agentr1 default" is what every agentr1
-# process gets from agentr1/threads.py (so its row is measured through that module).
+# process gets from agentr1/device.py (so its row is measured through that module).
 def _setting(threads: str | None, wait: str | None = None, spin: str | None = None,
              agentr1: str | None = "off") -> dict[str, str | None]:
     return {"OMP_NUM_THREADS": threads, "OMP_WAIT_POLICY": wait, "GOMP_SPINCOUNT": spin, "AGENTR1_OMP_WAIT": agentr1}
@@ -38,12 +38,12 @@ SETTINGS: dict[str, dict[str, str | None]] = {
     "2 threads, GOMP_SPINCOUNT=3000": _setting("2", spin="3000"),
     "2 threads, GOMP_SPINCOUNT=10000": _setting("2", spin="10000"),
     "1 thread": _setting("1"),
-    "agentr1 default (agentr1/threads.py)": _setting(None, agentr1=None),
+    "agentr1 default (agentr1/device.py)": _setting(None, agentr1=None),
 }
 
 
 DEFAULT_SETTINGS = ["2 threads, OpenMP's default wait", "2 threads, OMP_WAIT_POLICY=PASSIVE", "1 thread",
-                    "agentr1 default (agentr1/threads.py)"]
+                    "agentr1 default (agentr1/device.py)"]
 
 
 def _busy(niceness: int) -> None:

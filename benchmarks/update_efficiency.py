@@ -40,7 +40,8 @@ from agentr1.config import load_config
 from agentr1.data.synth import generate
 from agentr1.episode import Trajectory
 from agentr1.recipe.ppo import ppo_hyper
-from agentr1.rl.distributed import make_accelerator, native_bf16
+from agentr1.device import native_bf16
+from agentr1.rl.distributed import make_accelerator
 from agentr1.rl.guard import StepGuard
 from agentr1.rl.ppo import ppo_update, score_batch
 from agentr1.rl.sft import sft_loss

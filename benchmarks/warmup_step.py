@@ -2,7 +2,7 @@
 
 Why: the warm-up is about half of ``make run`` (~280 of ~540 s on a quiet 2-core VM: 1,200
 steps of the default model, conf/train.yaml), and issue 30 asks for the whole run in 300 s.
-bf16 is no lever on a CPU without native bf16 (AMX, AVX-512 BF16: ``agentr1.rl.distributed.native_bf16``), so
+bf16 is no lever on a CPU without native bf16 (AMX, AVX-512 BF16: ``agentr1.device.native_bf16``), so
 this measures what compiling the model's forward (inductor) does to the same step.
 
 Each mode runs in a fresh process (a compiled graph is per process), one after the other in one
@@ -80,7 +80,7 @@ def child(mode: str, steps: int, skip: int = 2) -> None:
 
 def measure(mode: str, steps: int, skip: int, env: dict | None = None) -> dict:
     """``child`` in a fresh process, through ``import agentr1`` as every entry point starts (that
-    is where ``agentr1/threads.py`` sets the OpenMP wait policy)."""
+    is where ``agentr1/device.py`` sets the OpenMP wait policy)."""
     code = f"import agentr1\nfrom benchmarks.warmup_step import child\nchild({mode!r}, {steps}, {skip})"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import os
-import platform
 import re
 import shutil
 import signal
@@ -56,6 +55,7 @@ from mlflow.utils.mlflow_tags import (
     MLFLOW_USER,
 )
 
+from agentr1 import device
 from agentr1 import errors
 from agentr1.config import Config, config_hash, flatten
 
@@ -354,7 +354,7 @@ def start_run(
     end_orphaned_runs(experiment)
     dirty = git_dirty(CODE_DIR)
     run_tags = _tags({MLFLOW_USER: _user(), MLFLOW_GIT_COMMIT: git_commit(CODE_DIR),
-                      TAG_GIT_DIRTY: None if dirty is None else str(dirty).lower(), TAG_CPU: cpu_model(), **(tags or {}),
+                      TAG_GIT_DIRTY: None if dirty is None else str(dirty).lower(), TAG_CPU: device.cpu_model(), **(tags or {}),
                       **_owner_tags(), MLFLOW_PARENT_RUN_ID: parent_run_id})
     run_id = c.create_run(exp_id, tags=run_tags, run_name=run_name).info.run_id
     monitor = system_metrics(run_id, system_metrics_interval) if system_metrics_interval else None
@@ -446,14 +446,6 @@ def _process_started(pid: int) -> str | None:
 def _owner_tags() -> dict[str, Any]:
     pid = os.getpid()
     return {TAG_PID: pid, TAG_HOST: socket.gethostname(), TAG_PROCESS_STARTED: _process_started(pid)}
-
-
-@functools.cache
-def cpu_model() -> str:
-    """This machine's CPU model (Linux: ``/proc/cpuinfo``), else what ``platform`` knows; read once."""
-    from agentr1.rl.distributed import cpuinfo_field
-
-    return cpuinfo_field("model name") or platform.processor() or platform.machine() or "unknown"
 
 
 START_TOLERANCE_S = 1.0

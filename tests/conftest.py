@@ -31,7 +31,7 @@ _ENV = {
 os.environ.update(_ENV)
 # One torch thread in every test process (pytest-xdist's workers: `make test` runs two) and in
 # what they start, before torch is imported: two workers then fill two cores, where their two
-# threads each would spin-wait on each other's cores (agentr1/threads.py). A value set outside
+# threads each would spin-wait on each other's cores (agentr1/device.py). A value set outside
 # the suite wins; tests that compare thread counts set theirs.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -1,4 +1,4 @@
-"""How OpenMP threads wait (agentr1/threads.py): chosen once from what the machine is doing,
+"""How OpenMP threads wait (agentr1/device.py): chosen once from what the machine is doing,
 never over the user's own setting, inherited by child processes."""
 from __future__ import annotations
 
@@ -8,37 +8,37 @@ import sys
 
 import pytest
 
-from agentr1 import threads
+from agentr1 import device as threads
 
 
 def test_a_busy_machine_gets_the_passive_wait_policy_and_children_inherit_it():
     env: dict[str, str] = {}
-    assert threads.configure(env, busy=1.7) == "passive"
+    assert threads.configure_threads(env, busy=1.7) == "passive"
     assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env[threads.CHOICE_ENV] == "passive"
     # A child process started with this environment keeps the parent's choice, whatever it measures.
-    assert threads.configure(env, busy=0.0) == "user"
+    assert threads.configure_threads(env, busy=0.0) == "user"
 
 
 def test_an_idle_machine_keeps_openmp_s_default_and_says_so_to_children():
     env: dict[str, str] = {}
-    assert threads.configure(env, busy=0.1) == "default"
+    assert threads.configure_threads(env, busy=0.1) == "default"
     assert "OMP_WAIT_POLICY" not in env and env[threads.CHOICE_ENV] == "default"
-    assert threads.configure(env, busy=3.0) == "default"  # a child beside its busy parent
+    assert threads.configure_threads(env, busy=3.0) == "default"  # a child beside its busy parent
 
 
 @pytest.mark.parametrize("given", [{"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "1000"},
                                    {threads.CHOICE_ENV: "off"}])
 def test_the_user_s_setting_wins(given):
     env = dict(given)
-    assert threads.configure(env, busy=2.0) in ("user", "off")
+    assert threads.configure_threads(env, busy=2.0) in ("user", "off")
     assert env == given
 
 
 def test_a_forced_choice_and_a_bad_one():
     env = {threads.CHOICE_ENV: "passive"}
-    assert threads.configure(env, busy=0.0) == "passive" and env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert threads.configure_threads(env, busy=0.0) == "passive" and env["OMP_WAIT_POLICY"] == "PASSIVE"
     with pytest.raises(ValueError, match="AGENTR1_OMP_WAIT"):
-        threads.configure({threads.CHOICE_ENV: "fast"})
+        threads.configure_threads({threads.CHOICE_ENV: "fast"})
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc")

@@ -24,6 +24,7 @@ import yaml
 from mlflow.entities import LoggedModelStatus
 
 from agentr1.config import Config, ModelConfig, config_hash, flatten
+from agentr1.device import cpu_model
 from tasks import tracking as tr
 
 EXP = "agentr1-test-tracking"
@@ -159,11 +160,11 @@ def test_runs_record_the_process_that_owns_them():
         tags = _run(run_id).data.tags
     assert tags[tr.TAG_PID] == str(os.getpid()) and tags[tr.TAG_HOST] == socket.gethostname()
     assert float(tags[tr.TAG_PROCESS_STARTED]) <= time.time()
-    assert tags[tr.TAG_CPU] == tr.cpu_model() and tags[tr.TAG_CPU] != "unknown"
+    assert tags[tr.TAG_CPU] == cpu_model() and tags[tr.TAG_CPU] != "unknown"
 
 
 def test_cpuinfo_fields_are_read_by_name(tmp_path):
-    from agentr1.rl.distributed import cpuinfo_field
+    from agentr1.device import cpuinfo_field
 
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n"

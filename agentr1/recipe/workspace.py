@@ -16,11 +16,11 @@ from agentr1.config import Config, ConfigError, DataSource
 from agentr1.data.convert import DEFAULT_DEV_FRACTION, DEFAULT_TEST_FRACTION, SYNTHETIC
 from agentr1.data.records import (DataError, QARecord, dataset_kind, generation_needed, load_dataset, split_path,
                                   write_dataset)
+from agentr1.device import native_bf16, resolve_device
 from agentr1.env.datasets import convert_sources, convert_to_dataset, write_converted
 from agentr1.env.base import Environment
 from agentr1.env.registry import build_env, synth_data
 from agentr1.fsutil import writer_lock
-from agentr1.rl.distributed import native_bf16
 from agentr1.rollout.backend import HFBackend
 from agentr1.rollout.engine import RolloutEngine, RolloutSettings
 
@@ -34,12 +34,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def resolve_device(cfg: Config) -> torch.device:
-    if cfg.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(cfg.device)
 
 
 def ensure_data(cfg: Config, source: str = SYNTHETIC, input_path: str | None = None,
@@ -116,7 +110,7 @@ class Workspace:
             raise ConfigError(f"data.dir {data_dir} holds data converted for env.kind {recorded!r}, not "
                               f"{cfg.env.kind!r}: set env.kind={recorded}, or point data.dir at {cfg.env.kind} data")
         splits, _ = load_dataset(data_dir)  # the one schema check: bad data stops here, before any write
-        return cls(data_dir, splits, build_env(cfg, data_dir), resolve_device(cfg), cfg.env.tools_in_prompt)
+        return cls(data_dir, splits, build_env(cfg, data_dir), resolve_device(cfg.device), cfg.env.tools_in_prompt)
 
 
 def make_engine(cfg: Config, env: Environment, model, tokenizer, chat, device) -> RolloutEngine:

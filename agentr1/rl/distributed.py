@@ -37,6 +37,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import get_int_from_env
 
+from agentr1.device import native_bf16
+
 log = logging.getLogger("agentr1.train")
 
 
@@ -88,29 +90,6 @@ def launched_processes() -> int:
     """How many processes the launcher started (torchrun or MPI), read as accelerate reads it,
     without starting the process group."""
     return get_int_from_env(["PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "WORLD_SIZE"], 1)
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` computes in bf16 natively: a CUDA GPU that supports it, or a CPU with AMX
-    or AVX-512 BF16 (Linux: /proc/cpuinfo). Elsewhere bf16 is emulated and slower than fp32 (an
-    AMD EPYC without AVX-512 took minutes for what fp32 does in seconds)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return bool({"amx_bf16", "avx512_bf16"} & set((cpuinfo_field("flags") or "").split()))
-
-
-def cpuinfo_field(name: str, cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str | None:
-    """The first value of ``name`` in ``/proc/cpuinfo`` (``flags``, ``model name``), stripped;
-    None where the file or the field is not there (not Linux)."""
-    try:
-        with open(cpuinfo, errors="replace") as f:
-            for line in f:
-                key, sep, value = line.partition(":")
-                if sep and key.strip() == name:
-                    return value.strip()
-    except OSError:
-        pass
-    return None
 
 
 def training_precision(setting: str, device: torch.device) -> str:
