@@ -180,3 +180,30 @@ def test_an_episode_pays_for_a_gold_step_and_scores_the_number(tmp_path):
     env.step(state, "<answer>2</answer>")
     assert env.episode_metrics(state)["called"] == 0.0 and env.episode_metrics(state)["em"] == 1.0
     assert "calculate" in env.system_turn() and "<answer>" in env.system_turn()
+
+
+def test_a_served_word_problem_calls_the_calculator_and_the_answer_is_the_result():
+    """The serving path without a policy: the record a served question makes (no gold: nothing
+    scored), an episode that calls `calculate` then answers, and the transcript `agentr1 ask`, the
+    MLflow model and the OpenAI endpoint return (each builds the record with agent.question_record
+    and reads the result with agent.transcript), also as MLflow's Responses output."""
+    from agentr1.agent import question_record, responses_output, transcript
+    from agentr1.episode import Trajectory
+
+    question = "Mary had 10 cups, used 3 and then 5. How many are left?"
+    env = _env()
+    record = question_record(question)
+    assert "calculate" in env.system_turn(record)
+    state = env.reset(record)
+    turns = ['<tool_call>{"name": "calculate", "arguments": {"expression": "10 - 3 - 5"}}</tool_call>',
+             "<answer>2</answer>"]
+    first = env.step(state, turns[0])
+    assert first.observation == "2" and not first.done
+    end = env.step(state, turns[1])
+    assert end.done and end.info["em"] == 0.0  # an asked question has no gold: only the format pays
+    traj = Trajectory(record.id, [], [], [], 0, finish="answer", turn_texts=turns, observations=[first.observation])
+    out = transcript(question, traj, env)
+    assert out["tool_calls"] == [{"name": "calculate", "arguments": {"expression": "10 - 3 - 5"}, "result": "2"}]
+    assert out["answer"] == "2" and out["finish"] == "answer"
+    items = responses_output(out)["output"]
+    assert [i["type"] for i in items] == ["function_call", "function_call_output", "message"]
