@@ -6,7 +6,6 @@ directory is byte for byte as it was. (tests/test_faults_turns.py goes deeper on
 kind: 100,000 turns, the engine and the rollout table.)"""
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from test_faults_turns import TurnGenerator
+from test_sandbox import _sha_tree
 
 from agentr1.config import load_config
 from agentr1.data.records import load_split
@@ -33,11 +33,6 @@ KINDS = {
     "function_call": ("bfcl-smollm2", []),
     "math_tool": ("calculator-smollm2", []),
 }
-
-
-def _tree_sha(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_every_registered_kind_is_fuzzed():
@@ -67,7 +62,7 @@ def test_ten_thousand_hostile_turns_through_each_environment_kind(kind, tmp_path
     load_plugins(cfg.plugins)
     cfg = resolve(cfg)
     data = ensure_data(cfg)
-    before = _tree_sha(data)
+    before = _sha_tree(data)
     env = build_env(cfg, data)
     records = load_split(data, "train")
     # function_call's tools are each record's own functions (BFCL's documents)
@@ -91,6 +86,6 @@ def test_ten_thousand_hostile_turns_through_each_environment_kind(kind, tmp_path
     for s in states:
         metrics = env.episode_metrics(s)
         assert all(math.isfinite(v) for v in metrics.values()), metrics
-    assert _tree_sha(data) == before
+    assert _sha_tree(data) == before
     assert errors > 0.1 * turns and calls > 0.2 * turns, (errors, calls)
     print(f"\n{kind}: {turns} turns, {calls} calls, {errors} error observations")
