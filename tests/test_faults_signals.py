@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 STAGES = {"data": "data: making", "warm-up": "warm-up: playing", "ppo": "iter   1/",
           "evaluation": "Task run 'save-final-policy", "registration": "Task run 'evaluate-final'"}
 RERUN = {"warm-up", "ppo", "registration"}  # the others would only repeat what the rerun of these shows
-STOP_WITHIN_S = 30  # a liveness bound: measured 6-8 s on an idle machine (docs/operations.md)
+STOP_WITHIN_S = 30  # a liveness bound: measured 1-2 s on an idle machine (docs/operations.md)
 
 
 def _pipeline_cmd(data_dir, out, *extra) -> list[str]:
@@ -136,18 +136,19 @@ def test_sigterm_at_a_stage_ends_the_runs_and_every_child_and_the_rerun_finishes
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-GROUP_STOP_WITHIN_S = 10
+GROUP_STOP_WITHIN_S = 10  # measured 1.5-2.7 s idle; 10-36 s before cli/__main__.py skipped the teardown
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
-def test_a_stop_signal_to_the_process_group_ends_the_pipeline_with_prefect_right(sig, data_dir, tmp_path):
-    """Ctrl-C in a terminal, a closing terminal or `kill -TERM -<pgid>` reaches every process of
-    the group at once, Prefect's temporary server included. In PPO: every process the pipeline
-    started gone within 10 s, the exit status 128 + the signal, the Prefect flow run CRASHED in
-    its database and the MLflow run KILLED. (It used to take 71 s, retrying against the dead
-    server, and leave the flow run RUNNING.)"""
+def test_ctrl_c_to_the_process_group_ends_the_pipeline_with_prefect_right(data_dir, tmp_path):
+    """Ctrl-C in a terminal (as a closing terminal or `kill -TERM -<pgid>`) reaches every process
+    of the group at once, Prefect's temporary server included. In PPO: every process the pipeline
+    started gone within the bound, the exit status 130, the Prefect flow run CRASHED in its
+    database and the MLflow run KILLED. (It used to take 71 s, retrying against the dead server,
+    and leave the flow run RUNNING.) How the main process takes SIGTERM is the stage cases' job."""
     import psutil
+
+    sig = signal.SIGINT
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PREFECT_HOME": str(tmp_path / "prefect"),
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
