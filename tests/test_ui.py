@@ -32,6 +32,7 @@ pytestmark = pytest.mark.ui
 CHROMIUM = os.environ.get("AGENTR1_CHROMIUM", "/usr/bin/chromium")
 try:
     from playwright.sync_api import Page, expect, sync_playwright
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
 except ImportError:  # the `ui` extra: `make test-ui` installs it
     sync_playwright = None
 if sync_playwright is None:
@@ -46,6 +47,8 @@ VIEWPORT = {"width": 1280, "height": 800}
 SERVER_STARTUP_S = 240  # both servers and the served deployments, on two busy cores
 FLOW_RUN_TIMEOUT_S = 600
 PAGE_TIMEOUT_MS = 60_000  # MLflow's pages load ~10 MB of JavaScript
+ASSISTANT_WAIT_MS = 5_000
+ASSISTANT = "mlflow.assistant.chat_panel"  # its elements' data-component-id prefix
 expect.set_options(timeout=PAGE_TIMEOUT_MS)
 POLL_S = 5
 STOP_GRACE_S = 20
@@ -234,14 +237,10 @@ def test_every_deployment_is_listed(stack, page):
     shoot(page, "prefect_deployments")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open (issue 49): Prefect 3.7.7's Run form shows the six fields with a non-null default (the "
-    "data source's Kind, Dev Fraction, Test Fraction, Version; Margin, Metric) with an empty "
-    "description (an empty markdown article under the label, seen in the page's HTML), although "
-    "the deployment's schema carries each one; every other field shows its description as written"))
 def test_every_run_form_shows_its_fields_with_their_descriptions(stack, page):
     """Each field of each deployment's Run form, with its description as written (markdown that
-    swallowed an ``<angle-bracket>`` placeholder would show less than the schema says)."""
+    swallowed an ``<angle-bracket>`` placeholder would show less than the schema says). The form
+    renders each description's markdown after its field appears: read until all are there."""
     prefect, _, _ = stack
     found = deployments(prefect)
     assert len(found) == len(deployment_specs())
@@ -251,14 +250,19 @@ def test_every_run_form_shows_its_fields_with_their_descriptions(stack, page):
         assert not missing, f"{full_name}: fields without a description: {missing}"
         page.goto(f"{prefect}/deployments/deployment/{dep['id']}/run")
         page.locator(".schema-form-property").first.wait_for()
-        shown = [(re.sub(r"\s*\(Optional\)$", "", label.strip()), " ".join(desc.split()))
-                 for label, desc in page.evaluate(SHOWN_FIELDS_JS)]
-        wrong = [f"field {title!r} should read {as_rendered(desc)!r}; the form shows "
-                 f"{[d for t, d in shown if t == title] or 'no such field'}"
-                 for title, desc in fields if (title, as_rendered(desc)) not in shown]
-        assert not wrong, f"{full_name}: " + "\n".join(wrong)
+        deadline = time.monotonic() + PAGE_TIMEOUT_MS / 1000
+        while True:
+            shown = [(re.sub(r"\s*\(Optional\)$", "", label.strip()), " ".join(desc.split()))
+                     for label, desc in page.evaluate(SHOWN_FIELDS_JS)]
+            wrong = [f"field {title!r} should read {as_rendered(desc)!r}; the form shows "
+                     f"{[d for t, d in shown if t == title] or 'no such field'}"
+                     for title, desc in fields if (title, as_rendered(desc)) not in shown]
+            if not wrong or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         if full_name == f"{PIPELINE}/{PIPELINE_DEPLOYMENT}":
             shoot(page, "prefect_form")
+        assert not wrong, f"{full_name}: " + "\n".join(wrong)
 
 
 @pytest.fixture(scope="module")
@@ -333,9 +337,17 @@ def mlflow_run(stack, form_run) -> tuple[str, str]:
 
 def close_assistant(page: Page) -> None:
     """MLflow's assistant panel opens beside every page; screenshots are of the page."""
-    panel_close = page.locator("xpath=//*[normalize-space()='MLflow Assistant']/ancestor::*[.//button][1]//button")
-    if SCREENSHOTS and panel_close.count():
-        panel_close.last.click()
+    if not SCREENSHOTS:
+        return
+    panel = page.locator(f"[data-component-id='{ASSISTANT}.beta']").first  # the panel's title tag
+    try:  # it slides in after the page, or not at all
+        panel.wait_for(timeout=ASSISTANT_WAIT_MS)
+    except PlaywrightTimeout:
+        return
+    buttons = page.locator(f"button[data-component-id^='{ASSISTANT}.']")
+    close = page.locator(f"button[data-component-id='{ASSISTANT}.close']")
+    (close if close.count() else buttons.last).click()
+    panel.wait_for(state="hidden")
 
 
 def test_the_run_page_shows_its_metrics(mlflow_run, page):
@@ -417,9 +429,9 @@ def test_a_trace_shows_each_turn_its_tool_call_result_and_rewards(mlflow_run, pa
     assert turns == [f"turn {k}" for k in range(1, len(turns) + 1)], names
     assert names.index("turn 1") < names.index(TOOL_SPAN), names
 
+    close_assistant(page)  # before choosing a span: closing it lays the trace out anew
     select_span(page, TOOL_SPAN)
     shows(page, "query", "result")  # the call's argument in, what the policy read back out
-    close_assistant(page)
     shoot(page, "mlflow_trace")
     select_span(page, TOOL_SPAN, "Attributes")
     shows(page, "process_reward")
