@@ -126,7 +126,6 @@ def start_temporary_server() -> None:
     Prefect's clients find it as they would the one they start (it is the same instance)."""
     if os.environ.get("PREFECT_API_URL"):
         return
-    import ctypes
     import functools
     import subprocess
     import types
@@ -134,15 +133,12 @@ def start_temporary_server() -> None:
     from prefect.server.api import server as prefect_server
     from prefect.settings import PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
 
+    from agentr1.env.sandbox import death_signal
+
     if not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
         return
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork: the child only calls it
-
-    def die_with_parent() -> None:
-        prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-
     own_session = types.SimpleNamespace(
-        Popen=functools.partial(subprocess.Popen, start_new_session=True, preexec_fn=die_with_parent))
+        Popen=functools.partial(subprocess.Popen, start_new_session=True, preexec_fn=death_signal(signal.SIGTERM)))
     server = prefect_server.SubprocessASGIServer()
     prefect_server.subprocess = own_session  # read by the server's Popen call only, while it starts
     try:

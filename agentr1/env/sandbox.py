@@ -156,6 +156,14 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
+def death_signal(sig: int) -> Callable[[], None]:
+    """A function that, called in a child process (a ``Popen`` ``preexec_fn``, a forked worker),
+    has the kernel send the child ``sig`` when the thread that started it ends
+    (``PR_SET_PDEATHSIG``). libc is looked up now, before the fork: the child only calls it."""
+    prctl = _libc().prctl
+    return lambda: prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+
 def _landlock(scratch: Path) -> str | None:
     """Allow writes beneath ``scratch`` only; why not, or None when done."""
     libc = _libc()
@@ -254,7 +262,7 @@ def _confine(limits: SandboxLimits, scratch: Path, keep_fd: int, network: bool =
     not be applied."""
     libc = _libc()
     capped = _capped_scratch(scratch, limits.disk_mb)  # first: a change of credentials would clear the next
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    death_signal(signal.SIGKILL)()
     os.setsid()  # its own process group: the parent kills exactly it
     faulthandler.disable()  # a crash ends the worker at once (the parent says which signal)
     for sig in (*STOP_SIGNALS, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT):
