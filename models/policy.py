@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     GenerationConfig,
@@ -30,9 +31,12 @@ from transformers import (
 from agentr1.config import ModelConfig
 from agentr1.fsutil import DamagedError, atomic_dir, verify_manifest
 from agentr1.rl.guard import assert_finite
+from models.delta import DELTA_FILE, as_base, base_for, is_delta, read_delta, write_delta
 from models.tokenizer import single_token_ids
 
 VALUE_HEAD_FILE = "value_head.safetensors"
+BASE_ATTR = "agentr1_base"
+"""A loaded policy's :class:`models.delta.Base`, when its weights came from a catalog build."""
 ADAPTER_CONFIG_FILE = "adapter_config.json"  # written by peft for a LoRA policy
 # Generation stops at any of these (those that are single tokens): end of turn, end of a
 # tool call or answer, end of text. vLLM and generate() read them from generation_config.
@@ -278,15 +282,23 @@ def build_policy(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase, seed: int 
 
 def save_actor_critic(model: ActorCritic, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
     """Write a plain Hugging Face directory (model or LoRA adapter, tokenizer with its chat
-    template, generation config) plus ``value_head.safetensors``.
+    template, generation config) plus ``value_head.safetensors``; a policy whose weights came
+    from a catalog build holds only what training changed (``models/delta.py``).
 
     Written to a temporary sibling and renamed, so ``out_dir`` is never half-written; a model
     holding NaN/inf is refused (:class:`~agentr1.rl.guard.TrainingDiverged`), never written.
     """
     assert_finite(model, f"saving {out_dir}")
 
+    base = getattr(model.policy, BASE_ATTR, None)  # set when the weights came from a catalog build
+
     def write(tmp: Path) -> None:
-        model.policy.save_pretrained(tmp)
+        if base is not None and not hasattr(model.policy, "peft_config"):  # models/delta.py
+            model.policy.config.save_pretrained(tmp)
+            model.policy.generation_config.save_pretrained(tmp)
+            write_delta(model.policy.state_dict(), base, tmp)
+        else:
+            model.policy.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         head = {k: v.detach().float().cpu().contiguous() for k, v in model.value_head.state_dict().items()}
         save_file(head, str(tmp / VALUE_HEAD_FILE))
@@ -305,12 +317,32 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None, local_fil
         base_path = json.loads(adapter_cfg.read_text())["base_model_name_or_path"]
         base = _complete(base_path, dtype, local_files_only)
         return PeftModel.from_pretrained(base, str(path), is_trainable=True)
-    return _complete(path, dtype, local_files_only)
+    if is_delta(path):
+        return _with_delta(path, dtype)
+    model = _complete(path, dtype, local_files_only)
+    if Path(path).is_dir() and (base := as_base(path)) is not None:
+        setattr(model, BASE_ATTR, base)
+    return model
 
 
-def _complete(path: str | Path, dtype: torch.dtype | None, local_files_only: bool) -> nn.Module:
+def _with_delta(path: str | Path, dtype: torch.dtype | None) -> nn.Module:
+    """The base the directory names, checked, with the directory's changed tensors applied."""
+    base = base_for(path)
+    model = _complete(base.path, dtype, True, config=AutoConfig.from_pretrained(str(path), local_files_only=True))
+    result = model.load_state_dict(read_delta(path), strict=False)
+    if result.unexpected_keys:
+        raise DamagedError(f"{path}: {DELTA_FILE} holds {len(result.unexpected_keys)} tensor(s) the model lacks "
+                           f"({sorted(result.unexpected_keys)[0]}, ...): restore the checkpoint or train it again")
+    if (Path(path) / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(str(path))
+    setattr(model, BASE_ATTR, base)
+    return model
+
+
+def _complete(path: str | Path, dtype: torch.dtype | None, local_files_only: bool, config=None) -> nn.Module:
+    extra = {"config": config} if config is not None else {}
     model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=local_files_only,
-                                                       output_loading_info=True)
+                                                       output_loading_info=True, **extra)
     if info.get("missing_keys"):
         missing = sorted(info["missing_keys"])
         raise DamagedError(f"{path}: the checkpoint lacks {len(missing)} weight(s) the model needs ({missing[0]}, ...): "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import string
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,6 +32,7 @@ from models import (
 from agentr1.config import ModelConfig
 from agentr1.env.search import SearchTool
 from agentr1.env.tools import Tool
+from models.catalog import BUILD_FILE
 from models.tokenizer import MAX_CAPITALISED_TOKEN
 
 TINY = ModelSpec.from_config(ModelConfig(), hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
@@ -414,10 +416,13 @@ QWEN25_TEMPLATE = (
 )
 
 
-def make_tiny_qwen(path, texts: list[str], hidden_size: int = 32, intermediate_size: int = 64):
+def make_tiny_qwen(path, texts: list[str], hidden_size: int = 32, intermediate_size: int = 64,
+                   catalog_build: bool = True):
     """A tiny Qwen2.5-like instruct checkpoint at ``path``: Qwen2Tokenizer (a BPE of ``texts``:
     GPT-style words with leading spaces, tool tokens as non-special added tokens, no </answer>
-    token) + the Qwen2.5 template, and a random 2-layer Qwen2 model."""
+    token) + the Qwen2.5 template, and a random 2-layer Qwen2 model. With ``catalog_build`` it
+    carries a build record, as ``agentr1 model build`` writes one: what is trained from it is
+    saved as a delta against it (models/delta.py), as from SmolLM2."""
     bpe = Tokenizer(tok_models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), "isolated"),
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -438,6 +443,8 @@ def make_tiny_qwen(path, texts: list[str], hidden_size: int = 32, intermediate_s
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(path)
     qtok.save_pretrained(path)
+    if catalog_build:
+        (Path(path) / BUILD_FILE).write_text(json.dumps({"source": {"name": Path(path).name}}))
     return path
 
 
