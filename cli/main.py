@@ -76,7 +76,7 @@ def _kind_config(args: argparse.Namespace, *overrides: str):
 
 
 def cmd_data_synth(args: argparse.Namespace) -> int:
-    from agentr1.data.records import write_dataset
+    from agentr1.data.generated import write_dataset
 
     start = time.perf_counter()
     if args.kind == "sql":  # the same questions over an SQLite database (written beside the corpus)
@@ -146,7 +146,7 @@ def cmd_data_validate(args: argparse.Namespace) -> int:
     # The same check the training loader, the DVC stage and the pipeline's validation run.
     from agentr1.data.records import load_dataset
 
-    from agentr1.data.records import dataset_kind
+    from agentr1.data.generated import dataset_kind
 
     splits, corpus = load_dataset(args.data)
     recorded = dataset_kind(args.data)

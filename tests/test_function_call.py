@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentr1.config import DataSource, load_config
-from agentr1.data.records import DataError, dataset_kind, load_dataset
+from agentr1.data.generated import dataset_kind
+from agentr1.data.records import DataError, load_dataset
 from agentr1.env.function_call import bfcl
 from agentr1.env.function_call.env import FunctionCallEnv
 from agentr1.env.base import EnvSettings

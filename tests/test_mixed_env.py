@@ -8,7 +8,7 @@ import pytest
 
 from agentr1.config import Config
 from agentr1.env.mixed_synth import generate
-from agentr1.data.records import write_dataset
+from agentr1.data.generated import write_dataset
 from agentr1.env.episodes import run_episodes
 from agentr1.env.mixed_env import oracle
 from agentr1.env.protocol import format_call

@@ -8,27 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agentr1.data.records import (
-    MARKER_FILE,
-    MAX_ERRORS,
-    MAX_FIELD_CHARS,
-    MAX_HOPS,
-    MAX_LINE_BYTES,
-    DataError,
-    DataErrors,
-    Document,
-    QARecord,
-    check_dataset,
-    corpus_digest,
-    generation_needed,
-    load_corpus,
-    load_corpus_dir,
-    load_dataset,
-    load_qa,
-    load_split,
-    missing_parts,
-    write_dataset,
-)
+from agentr1.data.generated import generation_needed, missing_parts, write_dataset
+from agentr1.data.records import (MARKER_FILE, MAX_ERRORS, MAX_FIELD_CHARS, MAX_HOPS, MAX_LINE_BYTES, DataError,
+                                  DataErrors, Document, QARecord, check_dataset, corpus_digest, load_corpus,
+                                  load_corpus_dir, load_dataset, load_qa, load_split)
 
 DOCS = [Document("d1", "Kelmora", "Kelmora is a city in Vostan."), Document("d2", "Vostan", "Vostan is a country.")]
 

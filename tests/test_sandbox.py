@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from agentr1.config import EnvConfig, RewardConfig
-from agentr1.data.records import QARecord, write_dataset
+from agentr1.data.generated import write_dataset
+from agentr1.data.records import QARecord
 from agentr1.env.sql_synth import generate
 from agentr1.env.base import EnvSettings, ToolEnv
 from agentr1.env.protocol import format_call
@@ -610,7 +611,7 @@ def test_a_factory_tool_over_a_relative_data_dir_works_in_its_worker(tmp_path, m
     scratch directory: a relative data.dir (conf/ablation/sql-quick.yaml's) must still find the
     database (it failed with 'the SQL tool's database is missing')."""
     from agentr1.config import load_config
-    from agentr1.data.records import write_dataset
+    from agentr1.data.generated import write_dataset
     from agentr1.env.sql_synth import generate
     from agentr1.env.registry import build_env, resolve
 

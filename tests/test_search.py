@@ -6,7 +6,8 @@ import pytest
 import Stemmer
 
 import agentr1.env.search as search
-from agentr1.data.records import Document, QARecord, write_dataset
+from agentr1.data.generated import write_dataset
+from agentr1.data.records import Document, QARecord
 from agentr1.env.search import Hit, SearchIndex, format_hits
 
 DOCS = [

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from agentr1.config import EnvConfig, RewardConfig
-from agentr1.data.records import QARecord, write_dataset
+from agentr1.data.generated import write_dataset
+from agentr1.data.records import QARecord
 from agentr1.env.sql_synth import TABLES, generate
 from agentr1.env.base import EnvSettings
 from agentr1.env.protocol import format_call

@@ -9,7 +9,8 @@ from collections import Counter
 import pytest
 
 from agentr1.config import Config
-from agentr1.data.records import DataError, QARecord, load_dataset, write_dataset
+from agentr1.data.generated import write_dataset
+from agentr1.data.records import DataError, QARecord, load_dataset
 from agentr1.env.sql_synth import SQL_RELATIONS, generate
 from agentr1.env.agents import ExpertNoise
 from agentr1.env.episodes import run_episodes

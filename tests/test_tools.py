@@ -231,7 +231,7 @@ def test_the_cli_names_an_unknown_kind_and_exits_2():
 
 
 def test_great_expectations_checks_each_environment_kinds_records(tmp_path):
-    from agentr1.data.records import write_dataset
+    from agentr1.data.generated import write_dataset
     from tasks.validation import validate_dataset
 
     corpus = [Document("d1", "Adder", "An adder adds.")]

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from agentr1.data import records as R
-from agentr1.data.records import write_dataset
+from agentr1.data.generated import write_dataset
 from agentr1.data.synth import generate
 from agentr1.rollout import store
 from tasks import validation as V

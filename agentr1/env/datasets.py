@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from agentr1.config import DataSource
 from agentr1.data.convert import DEFAULT_SPLIT, check_fractions, convert, split_of
-from agentr1.data.records import DataError, Document, QARecord, write_dataset
+from agentr1.data.generated import write_dataset
+from agentr1.data.records import DataError, Document, QARecord
 from agentr1.env.registry import converter
 
 

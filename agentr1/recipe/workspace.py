@@ -14,8 +14,8 @@ import torch
 
 from agentr1.config import Config, ConfigError, DataSource
 from agentr1.data.convert import DEFAULT_DEV_FRACTION, DEFAULT_TEST_FRACTION, SYNTHETIC
-from agentr1.data.records import (DataError, QARecord, dataset_kind, generation_needed, load_dataset, split_path,
-                                  write_dataset)
+from agentr1.data.generated import dataset_kind, generation_needed, write_dataset
+from agentr1.data.records import DataError, QARecord, load_dataset, split_path
 from agentr1.device import native_bf16, resolve_device
 from agentr1.env.datasets import convert_sources, convert_to_dataset, write_converted
 from agentr1.env.base import Environment
