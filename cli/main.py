@@ -144,9 +144,8 @@ def cmd_data_retrieval_eval(args: argparse.Namespace) -> int:
 
 def cmd_data_validate(args: argparse.Namespace) -> int:
     # The same check the training loader, the DVC stage and the pipeline's validation run.
-    from agentr1.data.records import load_dataset
-
     from agentr1.data.generated import dataset_kind
+    from agentr1.data.records import load_dataset
 
     splits, corpus = load_dataset(args.data)
     recorded = dataset_kind(args.data)

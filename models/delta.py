@@ -24,13 +24,14 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from transformers.utils import SAFE_WEIGHTS_NAME
 
 from agentr1.fsutil import DamagedError
 from models.catalog import BUILD_FILE, DEFAULT_CACHE, sha256_of
 
 BASE_FILE = "agentr1_base.json"
 DELTA_FILE = "delta.safetensors"
-WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_FILE = SAFE_WEIGHTS_NAME  # "model.safetensors", as save_pretrained writes it
 DIGEST_FILE = WEIGHTS_FILE + ".sha256"
 """Beside a base's weights: "sha256 size mtime_ns", so the 0.5 GB are hashed once, not per load."""
 

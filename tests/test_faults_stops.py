@@ -131,7 +131,7 @@ def test_a_stop_signal_to_agentr1_serve_ends_it_with_one_line(sig, data_dir, war
     cmd = [sys.executable, "-m", "cli", "serve", "--model", str(warm / "warmup"), "--port", str(port),
            *[x for o in [f"data.dir={data_dir}", *TINY] for x in ("-o", o)]]
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_interruptible)
     read_until(proc, "serving ", timeout_s=120)
     body = {"model": "agentr1", "messages": [{"role": "user", "content": "Who directed the film?"}],
             "tools": [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]}
