@@ -157,7 +157,7 @@ ui: setup
 	PREFECT_SERVER_UI_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api \
 	  $(VENV)/bin/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT) & \
 	$(VENV)/bin/mlflow ui --host 127.0.0.1 --port $(MLFLOW_PORT) --workers 1 --backend-store-uri \
-	  "$$($(PY) -c 'from tasks.tracking import tracking_uri; print(tracking_uri())')" & \
+	  "$$($(PY) -c 'from adapters.tracking import tracking_uri; print(tracking_uri())')" & \
 	wait
 
 serve: setup

@@ -4,7 +4,7 @@ training uses (``env.registry.build_env`` / ``recipe.workspace.make_engine``), s
 episode of evaluation.
 
 ``Agent.answer`` plays full multi-turn episodes, batched, and returns per question a plain,
-JSON-ready dict (the MLflow model in ``tasks/agent_model.py`` and ``agentr1 ask`` both return it)::
+JSON-ready dict (the MLflow model in ``adapters/agent_model.py`` and ``agentr1 ask`` both return it)::
 
     {"question": str, "answer": str | None,
      "tool_calls": [{"name": str, "arguments": dict, "result": str | None}],

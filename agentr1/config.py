@@ -402,7 +402,7 @@ class EvalConfig(_Section):
     render_examples: int = Field(4, ge=0)
     traces: int = Field(32, ge=0)
     """Greedy episodes of each pipeline evaluation recorded as MLflow traces (a span per turn and
-    per tool call; ``tasks/traces.py``); 0: none."""
+    per tool call; ``adapters/traces.py``); 0: none."""
     baselines: list[Literal["zero_shot", "naive_rag"]] = []
     """Untrained baselines of a pretrained model, evaluated first on the same questions
     (``agentr1.recipe.evaluation.stage_baselines``): ``zero_shot``, the instruct model as it comes;

@@ -24,8 +24,8 @@ def load_agent(args: argparse.Namespace):
     if path.is_dir():
         uri = str(path)
     else:
-        from tasks.registry import model_uri
+        from adapters.registry import model_uri
 
         uri = model_uri(args.model)
     model = mlflow.pyfunc.load_model(uri, model_config={"corpus": args.corpus} if args.corpus else None)
-    return uri, model.unwrap_python_model().agent  # tasks/agent_model.py's AgentModel, loaded
+    return uri, model.unwrap_python_model().agent  # adapters/agent_model.py's AgentModel, loaded

@@ -172,7 +172,7 @@ def flow_params(args: argparse.Namespace):
 
 
 def where_to_look(run_id: str, flow_run_id: str, output_dir: str) -> list[str]:
-    from tasks.report import mlflow_run_url, mlflow_ui_command, prefect_ui_url
+    from adapters.report import mlflow_run_url, mlflow_ui_command, prefect_ui_url
 
     prefect = prefect_ui_url()
     prefect_line = (f"{prefect}/runs/flow-run/{flow_run_id}" if prefect else
@@ -290,7 +290,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_S)
     flow, params = flow_params(args)
     from tasks.params import resolve_config
-    from tasks.validation import ValidationFailed
+    from adapters.validation import ValidationFailed
 
     resolve_config(params, args.flow)  # a bad preset, key or value: said now, not after the server has started
     server = use_local_server()
@@ -364,7 +364,7 @@ def _run_study(args: argparse.Namespace, flow, make_params, failed: type[Excepti
     console_setup(args.verbose)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_S)
     server = use_local_server()
-    from tasks.validation import ValidationFailed
+    from adapters.validation import ValidationFailed
 
     start_temporary_server()
     state = run_flow(args, flow, make_params())

@@ -430,13 +430,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
             paths = render_study(read_export(args.from_export), args.out, args.include, args.from_export)
         elif args.import_export:
-            from tasks.report import import_study  # MLflow lives in tasks/, not in this package
+            from adapters.report import import_study  # MLflow lives in tasks/, not in this package
 
             runs = import_study(args.import_export)
             print_json({"imported": args.import_export, "runs": runs})
             return EXIT_OK
         else:
-            from tasks.report import write_study_report
+            from adapters.report import write_study_report
 
             paths = write_study_report(args.study, args.out, args.run, command=" ".join(words), include=args.include)
     except (LookupError, ValueError) as e:

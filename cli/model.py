@@ -29,7 +29,7 @@ def cmd_model_export(args: argparse.Namespace) -> int:
     import tempfile
 
     from models.policy import BASE_ATTR, load_actor_critic, save_actor_critic
-    from tasks.registry import policy_dir_of, resolve_policy
+    from adapters.registry import policy_dir_of, resolve_policy
 
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -27,7 +27,7 @@ from agentr1.ablation import Job
 from agentr1.report import weights_digest
 from flows.pipeline import run_name
 from flows.pipeline import run_tags as flow_tags
-from tasks import tracking
+from adapters import lifecycle, tracking
 from tasks.ablation import (
     AblationParams,
     ablation_run,
@@ -43,7 +43,7 @@ from tasks.ablation import (
     write_report,
 )
 from tasks.data import prepare_data, validate_data
-from tasks.report import publish_summary
+from adapters.report import publish_summary
 
 ERROR_CHARS = 400
 PROGRESS_S = 30.0
@@ -100,7 +100,7 @@ def ablation(params: AblationParams = AblationParams()) -> dict:
     _, threads = spec.runner.resolved()
     tags = {**flow_tags(), "ablation.preset": params.preset, "ablation.root": spec.output_dir,
             tracking.TAG_STUDY: spec.study}
-    with tracking.start_run(tracking.EXPERIMENTS["ablation"], run_name("ablation"), tags=tags) as run_id:
+    with lifecycle.start_run(tracking.EXPERIMENTS["ablation"], run_name("ablation"), tags=tags) as run_id:
         tracking.log_config(run_id, cfg)
         tracking.log_params(run_id, spec_params(spec))
         data = prepare_data(cfg, spec.source, run_id)

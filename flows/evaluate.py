@@ -13,11 +13,12 @@ from prefect import flow
 
 from agentr1.rundir import DOWNLOADS_DIR, claim_run_dir
 from flows.pipeline import run_name, run_tags
-from tasks import tracking
+from adapters import lifecycle, tracking
 from tasks.data import prepare_data, validate_data
 from tasks.params import DataSource, EvaluateParams, resolve_config
-from tasks.registry import fetch_model, qualified_ref
-from tasks.report import SUMMARY_METRICS, metrics_table, publish_summary
+from adapters.registry import qualified_ref
+from tasks.registry import fetch_model
+from adapters.report import SUMMARY_METRICS, metrics_table, publish_summary
 from tasks.training import evaluate_policy
 
 
@@ -26,7 +27,7 @@ def evaluate(params: EvaluateParams = EvaluateParams()) -> dict:
     """Evaluate ``params.model`` on ``params.split``; returns the flat metrics and where they went."""
     extra = [f"eval.max_examples={params.max_examples}"] if params.max_examples else []
     cfg = resolve_config(params, "evaluate", extra)
-    with tracking.start_run(tracking.EXPERIMENTS["evaluate"], run_name("evaluate"), tags=run_tags()) as run_id:
+    with lifecycle.start_run(tracking.EXPERIMENTS["evaluate"], run_name("evaluate"), tags=run_tags()) as run_id:
         tracking.log_config(run_id, cfg)
         data = prepare_data(cfg, DataSource(version=False), run_id)
         validate_data(data)

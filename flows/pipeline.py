@@ -24,11 +24,12 @@ from agentr1.metrics import HEADLINE_KEYS
 from agentr1.recipe.outputs import final_selection, write_summary
 from agentr1.rl.guard import TrainingDiverged
 from agentr1.rundir import DOWNLOADS_DIR
-from tasks import tracking
+from adapters import lifecycle, tracking
 from tasks.data import DataVersion, prepare_data, validate_data
 from tasks.params import PipelineParams, TrainForm, resolve_config
-from tasks.registry import Promotion, fetch_model, promote_if_better, qualified_ref, register_policy
-from tasks.report import metrics_table, publish_summary
+from adapters.registry import qualified_ref
+from tasks.registry import Promotion, fetch_model, promote_if_better, register_policy
+from adapters.report import metrics_table, publish_summary
 from tasks.training import (IterationResult, evaluate_baselines, evaluate_policy, ppo_iterations, save_final_policy,
                             warm_up)
 
@@ -64,7 +65,7 @@ def run_tags() -> dict[str, str | None]:
 
 def crash_orphaned_flow_runs(experiment: str) -> list[str]:
     """Set Crashed the Prefect flow runs still Running whose process was killed (kill -9, out of
-    memory: nothing in it could report): :func:`tasks.tracking.start_run` has just found their
+    memory: nothing in it could report): :func:`adapters.lifecycle.start_run` has just found their
     MLflow runs orphaned on this host (process gone) and ended them KILLED. Returns their ids.
     (A deployment's runs can also be watched by Prefect's own heartbeat automation.)"""
     from prefect import get_client
@@ -73,7 +74,7 @@ def crash_orphaned_flow_runs(experiment: str) -> list[str]:
 
     crashed = []
     with get_client(sync_client=True) as client:
-        for fid in tracking.flow_runs_of_orphaned_runs(experiment):
+        for fid in lifecycle.flow_runs_of_orphaned_runs(experiment):
             try:
                 state = client.read_flow_run(fid).state
             except (ObjectNotFound, ValueError):  # another Prefect server's run, or not an id
@@ -96,7 +97,7 @@ def train_candidate(cfg: Config, form: TrainForm, run_id: str, kind: str) -> Can
         before = evaluate_policy(cfg, warm_dir, "warmup", run_id=run_id)
         iterations = ppo_iterations(cfg, run_id, f"{kind}-ppo-progress")
     except TrainingDiverged as e:
-        tracking.mark_diverged(run_id, str(e))
+        lifecycle.mark_diverged(run_id, str(e))
         raise
     final_dir = save_final_policy(cfg, run_id)
     after = evaluate_policy(cfg, final_dir, "final", run_id=run_id)
@@ -142,7 +143,7 @@ def run_training_flow(kind: str, form: PipelineParams) -> dict:
     """Shared body of ``pipeline`` and ``retrain``: train, evaluate, register, challenge."""
     cfg = resolve_config(form, kind)
     tags = {**run_tags(), tracking.TAG_STUDY: form.study}
-    with tracking.start_run(tracking.EXPERIMENTS[kind], run_name(kind), tags=tags,
+    with lifecycle.start_run(tracking.EXPERIMENTS[kind], run_name(kind), tags=tags,
                             system_metrics_interval=SYSTEM_METRICS_INTERVAL_S) as run_id:
         crash_orphaned_flow_runs(tracking.EXPERIMENTS[kind])
         tracking.log_config(run_id, cfg)

@@ -24,9 +24,9 @@ from agentr1.suite import mean_gain, task_row
 from flows.ablation import ERROR_CHARS, ablation, command_line
 from flows.pipeline import run_name
 from flows.pipeline import run_tags as flow_tags
-from tasks import tracking
+from adapters import lifecycle, tracking
 from tasks.ablation import AblationParams
-from tasks.report import publish_summary
+from adapters.report import publish_summary
 from tasks.suite import SuiteParams, load_suite, write_suite_report, write_task_spec
 
 
@@ -43,7 +43,7 @@ def suite(params: SuiteParams = SuiteParams()) -> dict:
     claim_run_dir(spec.output_dir)  # the task presets and the suite's tables go there: ours, or refused
     tags = {**flow_tags(), tracking.TAG_SUITE_PRESET: params.preset, "suite.root": spec.output_dir,
             tracking.TAG_STUDY: spec.study}
-    with tracking.start_run(tracking.EXPERIMENTS["ablation"], run_name("suite"), tags=tags) as run_id:
+    with lifecycle.start_run(tracking.EXPERIMENTS["ablation"], run_name("suite"), tags=tags) as run_id:
         tracking.log_params(run_id, {"suite.tasks": ",".join(spec.tasks), "suite.seeds": str(spec.seeds),
                                      "suite.overrides": " ".join(spec.overrides)})
         rows, failures, task_runs = [], [], {}

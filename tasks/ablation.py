@@ -64,7 +64,7 @@ from agentr1.config import (
     flatten,
     load_config,
 )
-from tasks import tracking
+from adapters import lifecycle, tracking
 from tasks.params import REPO_ROOT, DataSource, preset_path
 from agentr1.env.registry import resolve
 from agentr1.fsutil import write_text
@@ -356,7 +356,7 @@ def ablation_run(job: Job, warmup_dir: str, parent_run_id: str | None = None, th
     if threads:
         torch.set_num_threads(threads)
     try:
-        with tracking.start_run(tracking.EXPERIMENTS["ablation"], f"{job.variant}/seed-{job.seed}",
+        with lifecycle.start_run(tracking.EXPERIMENTS["ablation"], f"{job.variant}/seed-{job.seed}",
                                 tags=run_tags(job), parent_run_id=parent_run_id) as run_id:
             tracking.log_config(run_id, job.cfg)
             live: set[int] = set()

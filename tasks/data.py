@@ -21,9 +21,9 @@ from prefect.cache_policies import NO_CACHE
 from agentr1.config import Config
 from agentr1.data.records import MARKER_FILE, DataError
 from agentr1.recipe.workspace import ensure_data
-from tasks import tracking
+from adapters import tracking
 from tasks.params import DataSource
-from tasks.validation import ValidationFailed, ValidationReport, records_report, summary_markdown, validate_dataset
+from adapters.validation import ValidationFailed, ValidationReport, records_report, summary_markdown, validate_dataset
 
 log = logging.getLogger("agentr1.tasks.data")
 

@@ -31,10 +31,10 @@ from agentr1.recipe.warmup import check_demonstrable, finished_warmup, warmup
 from agentr1.recipe.workspace import Workspace
 from agentr1.rollout.store import RolloutDatasetInfo
 from agentr1.rundir import HISTORY_FILE, LAST_DIR, SELECTED_FILE, WARMUP_DIR, claim_run_dir
-from tasks import traces, tracking
+from adapters import traces, tracking
 from tasks.data import publish_failure
-from tasks.report import Progress
-from tasks.validation import validate_rollouts
+from adapters.report import Progress
+from adapters.validation import validate_rollouts
 
 log = logging.getLogger("agentr1.tasks.training")
 

@@ -30,7 +30,7 @@ from agentr1.ablation import (
     summarize,
 )
 from agentr1.config import ConfigError, load_config
-from tasks import tracking
+from adapters import tracking
 from tasks.ablation import ABLATION_CONF, AblationParams, RunnerSettings, base_config, load_spec, plan, task_runner
 from tasks.params import REPO_ROOT, preset_path
 

@@ -29,7 +29,7 @@ from agentr1.data.records import load_dataset
 from agentr1.env.rewards import exact_match
 from agentr1.episode import Trajectory
 from agentr1.recipe.workspace import ensure_data
-from tasks import tracking
+from adapters import lifecycle, tracking
 
 TINY = ["data.synth.n_train=24", "data.synth.n_dev=2", "data.synth.n_test=8", "env.max_turns=2",
         "env.max_turn_tokens=8", "env.max_context_tokens=300", "rollout.backend=hf", "device=cpu"]
@@ -84,7 +84,7 @@ def world(tmp_path_factory) -> dict:
 def registered(world) -> str:
     """``models:/<unique name>/1``: the agent logged and registered."""
     name = f"agentr1-agent-test-{uuid.uuid4().hex[:6]}"
-    with tracking.start_run("agentr1-test", "agent") as run_id:
+    with lifecycle.start_run("agentr1-test", "agent") as run_id:
         uri = tracking.log_policy_model(run_id, world["policy"], world["cfg"])
     return f"models:/{name}/{tracking.register(uri, name)}"
 

@@ -30,7 +30,7 @@ from agentr1.data.generated import write_dataset
 from agentr1.data.records import (MARKER_FILE, MAX_FIELD_CHARS, MAX_HOPS, MAX_LINE_BYTES, DataErrors, check_dataset,
                                   raise_errors)
 from agentr1.data.synth import generate
-from tasks import validation as V
+from adapters import validation as V
 from tasks.data import dataset_reports
 from tasks.params import DataSource
 
@@ -240,7 +240,7 @@ def test_a_users_incomplete_directory_is_not_regenerated(clean, tmp_path, capsys
 def test_pipeline_refuses_bad_data_before_dvc_records_it(clean, tmp_path, capsys, prefect_api):
     import mlflow
 
-    from tasks import tracking
+    from adapters import tracking
 
     repo = tmp_path / "repo"
     data = _bad_copy(clean, repo, "hops_seven")

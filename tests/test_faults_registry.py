@@ -23,8 +23,9 @@ from test_tracking import policy_dir  # noqa: F401  (fixture)
 from test_trainer import TINY
 
 from agentr1.config import Config, ModelConfig
-from tasks import tracking
-from tasks.registry import RegistrationRefused, promote_if_better, register_policy
+from adapters import lifecycle, tracking
+from adapters.registry import RegistrationRefused
+from tasks.registry import promote_if_better, register_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 EXP = "agentr1-test-faults"
@@ -163,9 +164,9 @@ def test_first_clients_on_a_new_store_do_not_race(new_store, tmp_path):
     schema set-up collides ("table ... already exists", an alembic row mismatch): 3 tries of 3
     failed that way before it."""
     code = BARRIER + """
-    from tasks import tracking
+    from adapters import lifecycle, tracking
     barrier(sys.argv[1], sys.argv[2])
-    with tracking.start_run("agentr1-test-faults", "first") as run_id:
+    with lifecycle.start_run("agentr1-test-faults", "first") as run_id:
         print(run_id)
     """
     go = tmp_path / "go"
@@ -187,7 +188,7 @@ def scored_version(score: float, data_hash: str = "d1", split: str = "test", see
     of it: ``(run_id, version)``. (The version's source is a plain directory: promotion reads
     only the registry and the runs.)"""
     c = tracking.client()
-    with tracking.start_run(EXP, f"challenger-{score}") as run_id:
+    with lifecycle.start_run(EXP, f"challenger-{score}") as run_id:
         tracking.log_params(run_id, {"eval.split": split, "env.max_turns": 2, "seed": seed})
         tracking.set_tags(run_id, {tracking.TAG_DATA_HASH: data_hash})
         tracking.log_metrics(run_id, {f"eval/final/{METRIC}": score}, step=0)
@@ -298,7 +299,7 @@ def registered_versions() -> list[str]:
 @pytest.mark.parametrize("file", ["model.safetensors", "value_head.safetensors"])
 def test_a_policy_with_a_nan_weight_is_not_registered(file, fresh_store, policy_dir, tmp_path):  # noqa: F811
     bad = poisoned(policy_dir, tmp_path / "bad", file)
-    with tracking.start_run(EXP, "nan-policy") as run_id:
+    with lifecycle.start_run(EXP, "nan-policy") as run_id:
         with pytest.raises(RegistrationRefused, match=rf"{file}: .* holds NaN/inf"):
             register_policy.fn(Config(), str(bad), run_id)
     assert registered_versions() == []
@@ -306,14 +307,14 @@ def test_a_policy_with_a_nan_weight_is_not_registered(file, fresh_store, policy_
 
 
 def test_a_diverged_run_registers_nothing_and_a_sound_one_does(fresh_store, policy_dir):  # noqa: F811
-    with tracking.start_run(EXP, "diverged") as run_id:
-        tracking.mark_diverged(run_id, "PPO iteration 3: 8 non-finite steps in a row")
+    with lifecycle.start_run(EXP, "diverged") as run_id:
+        lifecycle.mark_diverged(run_id, "PPO iteration 3: 8 non-finite steps in a row")
         with pytest.raises(RegistrationRefused, match="diverged .PPO iteration 3"):
             register_policy.fn(Config(), str(policy_dir), run_id)
     assert registered_versions() == []
-    with tracking.start_run(EXP, "sound") as run_id:
+    with lifecycle.start_run(EXP, "sound") as run_id:
         assert register_policy.fn(Config(), str(policy_dir), run_id) == "1"
-    assert tracking.diverged(run_id) is None and registered_versions() == ["1"]
+    assert lifecycle.diverged(run_id) is None and registered_versions() == ["1"]
 
 
 # ----------------------------------------------------------------------------- interrupted runs
@@ -323,8 +324,8 @@ def test_a_diverged_run_registers_nothing_and_a_sound_one_does(fresh_store, poli
 SLEEPER = """
     import signal, sys, time
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    from tasks import tracking
-    with tracking.start_run("agentr1-test-faults", "sleeper") as run_id:
+    from adapters import lifecycle, tracking
+    with lifecycle.start_run("agentr1-test-faults", "sleeper") as run_id:
         print(run_id, flush=True)
         time.sleep(600)
 """
@@ -350,8 +351,8 @@ def test_interrupted_runs_end_killed_by_a_handler_or_at_the_next_start(fresh_sto
         assert run.data.tags[tracking.TAG_PID] == str(procs[sig].pid)
     killed = run_ids[signal.SIGKILL]
     assert c.get_run(killed).info.status == "RUNNING"
-    with tracking.start_run(EXP, "alive") as alive_id:  # this process's own open run must survive
-        with tracking.start_run(EXP, "next"):
+    with lifecycle.start_run(EXP, "alive") as alive_id:  # this process's own open run must survive
+        with lifecycle.start_run(EXP, "next"):
             pass
         assert c.get_run(alive_id).info.status == "RUNNING"
     orphan = c.get_run(killed)

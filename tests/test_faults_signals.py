@@ -136,11 +136,11 @@ DOOMED_FLOW = """
 import time
 from prefect import flow
 from prefect.runtime import flow_run
-from tasks import tracking
+from adapters import lifecycle, tracking
 
 @flow(name="pipeline")
 def doomed():
-    with tracking.start_run(tracking.EXPERIMENTS["pipeline"], "doomed",
+    with lifecycle.start_run(tracking.EXPERIMENTS["pipeline"], "doomed",
                             tags={tracking.TAG_PREFECT_FLOW_RUN: flow_run.get_id()}) as run_id:
         print("IDS", run_id, flow_run.get_id(), flush=True)
         time.sleep(600)
@@ -155,7 +155,7 @@ def test_a_killed_flow_runs_mlflow_and_prefect_runs_are_ended_at_the_next_start(
     from prefect.settings import PREFECT_API_URL
 
     from flows.pipeline import crash_orphaned_flow_runs
-    from tasks import tracking
+    from adapters import lifecycle, tracking
 
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     proc = subprocess.Popen([sys.executable, "-c", DOOMED_FLOW], cwd=REPO, env=env, text=True,
@@ -171,7 +171,7 @@ def test_a_killed_flow_runs_mlflow_and_prefect_runs_are_ended_at_the_next_start(
     assert tracking.client().get_run(run_id).info.status == "RUNNING"
 
     # The next start of a flow of that kind: its start_run sweeps MLflow, then Prefect.
-    with tracking.start_run(tracking.EXPERIMENTS["pipeline"], "next"):
+    with lifecycle.start_run(tracking.EXPERIMENTS["pipeline"], "next"):
         assert flow_run_id in crash_orphaned_flow_runs(tracking.EXPERIMENTS["pipeline"])
     assert tracking.client().get_run(run_id).info.status == "KILLED"
     with get_client(sync_client=True) as client:

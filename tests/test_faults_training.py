@@ -428,7 +428,7 @@ def test_a_diverged_one_iteration_pipeline_fails_tagged_and_registers_nothing(pr
     from test_flows import form, registry_state, run_failing, seeded_run
 
     from flows.pipeline import pipeline
-    from tasks import tracking
+    from adapters import tracking
 
     before = registry_state()
     run = seeded_run(tmp_path, flows_warm)

@@ -25,12 +25,13 @@ from agentr1.errors import NotFound
 from agentr1.recipe.ppo import PPOSession
 from agentr1.recipe.warmup import play_demonstrations
 from agentr1.recipe.workspace import ensure_data
-from tasks import tracking
+from adapters import lifecycle, tracking
 from tasks.ablation import AblationParams
 from tasks.data import dir_hash, recorded_hash, version_dataset
 from tasks.params import DataSource, EvaluateParams, PipelineParams, RetrainParams, preset_path, resolve_config
-from tasks.registry import compare, parse_model_ref
-from tasks.report import metrics_table
+from adapters.registry import parse_model_ref
+from tasks.registry import compare
+from adapters.report import metrics_table
 from tasks.suite import SuiteParams
 
 FAST = ["ppo.iterations=1", "eval.max_examples=4", "env.max_turns=2", "env.max_turn_tokens=8"]
@@ -79,7 +80,7 @@ def champion(data_dir, warm_dir) -> str:
     if current is not None:
         return current[0]
     cfg = resolve_config(form(data_dir, warm_dir.parent), "test")  # the warm-up's own config
-    with tracking.start_run("agentr1-test", "seed-champion") as run_id:
+    with lifecycle.start_run("agentr1-test", "seed-champion") as run_id:
         tracking.log_metrics(run_id, {"eval/final/greedy/em": 0.0}, step=0)
         version = tracking.register(tracking.log_policy_model(run_id, warm_dir, cfg))
     tracking.set_champion(tracking.MODEL_NAME, version)
@@ -299,7 +300,7 @@ def test_served_deployment_runs_with_the_form_defaults(prefect_api, data_dir, wa
     # and ppo.trace_episodes of each PPO batch.
     import mlflow
 
-    from tasks import traces
+    from adapters import traces
 
     experiment = tracking.client().get_run(summary["run_id"]).info.experiment_id
     found = mlflow.search_traces(locations=[experiment], run_id=summary["run_id"], return_type="list")

@@ -174,7 +174,7 @@ def test_an_agent_trains_on_an_mcp_tool_end_to_end_through_a_server_crash(prefec
 
     from agentr1.recipe.workspace import ensure_data
     from flows.pipeline import pipeline
-    from tasks import tracking
+    from adapters import tracking
 
     data = tmp_path / "data"
     ensure_data(load_config("conf/units.yaml", [f"data.dir={data}", "data.synth.n_train=48", "data.synth.n_dev=4",

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from agentr1.config import load_config
-from tasks import tracking
+from adapters import lifecycle, tracking
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "realdata"
 PRESETS = {"function_call": "conf/bfcl-smollm2.yaml", "math_tool": "conf/calculator-smollm2.yaml"}
@@ -45,7 +45,7 @@ def champion(request, tmp_path_factory) -> dict:
     warmup(cfg, ws)
     policy = root / "run" / "warmup"
     name = tracking.model_name(kind)
-    with tracking.start_run("agentr1-test", f"champion-{kind}") as run_id:
+    with lifecycle.start_run("agentr1-test", f"champion-{kind}") as run_id:
         uri = tracking.log_policy_model(run_id, policy, cfg, name=name)
     tracking.set_champion(name, tracking.register(uri, name))
     records = ws.split("test")[:QUESTIONS]

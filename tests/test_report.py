@@ -16,7 +16,7 @@ from agentr1.ablation import FULL
 from agentr1.report import (Claim, Provenance, RunRecord, ablation_table, baselines_table, group_table, groups_of,
                             ordering, ordering_markdown, pipeline_table, provenance_markdown, provenance_summary, spread,
                             weights_digest)
-from tasks import tracking
+from adapters import tracking
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTCOME = "ppo-outcome-only"
@@ -261,7 +261,7 @@ def test_an_ablation_run_again_in_its_directory_counts_each_cell_once():
     that logs every cell anew, reused from disk: the study counts each cell once, the newer run's."""
     from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-    from tasks.report import collect_study
+    from adapters.report import collect_study
 
     c = tracking.client()
     exp = tracking.experiment_id(tracking.EXPERIMENTS["ablation"])
@@ -289,7 +289,7 @@ def test_an_ablation_run_again_in_its_directory_counts_each_cell_once():
 def test_a_study_whose_runs_used_different_splits_is_refused():
     """One table has one split in its label: a study mixing test and dev runs is an error naming
     both, not a table labelled with the first run's split."""
-    from tasks.report import collect_study
+    from adapters.report import collect_study
 
     c = tracking.client()
     exp = tracking.experiment_id(tracking.EXPERIMENTS["pipeline"])

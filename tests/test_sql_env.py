@@ -144,7 +144,7 @@ def test_the_logged_sql_agent_carries_its_database_and_has_its_own_registered_mo
     from agentr1.recipe.workspace import ensure_data
     from models.policy import ModelSpec, build_policy, save_actor_critic
     from models.tokenizer import build_tokenizer
-    from tasks import tracking
+    from adapters import lifecycle, tracking
 
     cfg = load_config("conf/sql.yaml", [f"data.dir={tmp_path / 'data'}", "data.synth.n_train=20", "data.synth.n_dev=2",
                                         "data.synth.n_test=4", "rollout.backend=hf", "device=cpu"])
@@ -154,7 +154,7 @@ def test_the_logged_sql_agent_carries_its_database_and_has_its_own_registered_mo
     spec = ModelSpec.from_config(ModelConfig(), hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2,
                                  intermediate_size=32)
     policy_dir = save_actor_critic(build_policy(spec, tok), tok, tmp_path / "policy")
-    with tracking.start_run("agentr1-test", "sql-agent") as run_id:
+    with lifecycle.start_run("agentr1-test", "sql-agent") as run_id:
         uri = tracking.log_policy_model(run_id, policy_dir, cfg)
     local = __import__("pathlib").Path(mlflow.artifacts.download_artifacts(uri))
     assert (local / "artifacts" / "resources" / DB_FILE).read_bytes() == (tmp_path / "data" / DB_FILE).read_bytes()
@@ -168,7 +168,7 @@ def test_the_logged_sql_agent_carries_its_database_and_has_its_own_registered_mo
     name = tracking.model_name("sql")
     assert name == "agentr1-policy-sql" and tracking.model_name("qa") == tracking.MODEL_NAME
     qa_champion = tracking.champion_entry(tracking.MODEL_NAME)
-    with tracking.start_run("agentr1-test", "sql-register") as run_id:
+    with lifecycle.start_run("agentr1-test", "sql-register") as run_id:
         version = register_policy.fn(cfg, str(policy_dir), run_id)
         decision = promote_if_better.fn(version, {"greedy/em": 0.5}, None, None, "greedy/em", 0.0, run_id, name)
     assert decision.promoted and str(tracking.champion_entry(name).version) == version
@@ -180,7 +180,7 @@ def test_the_sql_suite_checks_gold_values_and_chains(sql_world, tmp_path):
     import json
     import shutil
 
-    from tasks import validation
+    from adapters import validation
 
     data, _, _ = sql_world
     copy = tmp_path / "data"

@@ -11,7 +11,7 @@ import yaml
 
 from agentr1.config import ConfigError
 from agentr1.suite import suite_markdown, task_row
-from tasks import tracking
+from adapters import tracking
 from tasks.ablation import base_config
 from tasks.suite import SuiteParams, load_suite
 
@@ -92,7 +92,7 @@ def test_the_suite_flow_runs_every_task_nests_their_runs_and_is_reported(prefect
     # The published table: agentr1 report finds the suite by its study, renders it from the export,
     # and the export imported into another store reports the same records.
     from agentr1.report import read_export
-    from tasks.report import import_study, write_study_report
+    from adapters.report import import_study, write_study_report
 
     written = write_study_report("tiny-suite", tmp_path / "results")
     study = read_export(written["export"])

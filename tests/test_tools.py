@@ -232,7 +232,7 @@ def test_the_cli_names_an_unknown_kind_and_exits_2():
 
 def test_great_expectations_checks_each_environment_kinds_records(tmp_path):
     from agentr1.data.generated import write_dataset
-    from tasks.validation import validate_dataset
+    from adapters.validation import validate_dataset
 
     corpus = [Document("d1", "Adder", "An adder adds.")]
     good = [record(i, calls=[{"name": "add", "arguments": {"a": 2, "b": 3}}]) for i in range(3)]
@@ -250,8 +250,8 @@ def test_great_expectations_checks_each_environment_kinds_records(tmp_path):
 
 
 def test_each_environment_kind_has_its_own_registered_model():
-    from tasks.registry import qualified_ref
-    from tasks.tracking import MODEL_NAME, model_name
+    from adapters.registry import qualified_ref
+    from adapters.tracking import MODEL_NAME, model_name
 
     assert model_name(load_config().env.kind) == MODEL_NAME == "agentr1-policy"
     other = model_name(load_config(None, ["env.kind=tools", "env.tools=[search]"]).env.kind)

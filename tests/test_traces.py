@@ -1,4 +1,4 @@
-"""Episodes as MLflow traces (tasks/traces.py): one trace per episode, linked to its run, with a
+"""Episodes as MLflow traces (adapters/traces.py): one trace per episode, linked to its run, with a
 span per turn and per tool call, read back through MLflow's own trace search."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from mlflow.entities import SpanType
 
 from agentr1.env.protocol import format_answer, format_call
 from agentr1.episode import Trajectory
-from tasks import traces, tracking
+from adapters import traces, tracking
 
 
 def _episode(rid: str, turns: list[str], observations: list[str], outcome: float) -> Trajectory:

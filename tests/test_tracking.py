@@ -1,4 +1,4 @@
-"""tasks/tracking.py against a real MLflow SQLite store (tests/conftest.py points
+"""adapters/tracking.py against a real MLflow SQLite store (tests/conftest.py points
 MLFLOW_TRACKING_URI at a temp dir). No mocks."""
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from mlflow.entities import LoggedModelStatus
 
 from agentr1.config import Config, ModelConfig, config_hash, flatten
 from agentr1.device import cpu_model
-from tasks import tracking as tr
+from adapters import lifecycle, tracking as tr
 
 EXP = "agentr1-test-tracking"
 
@@ -71,14 +71,14 @@ def test_long_keys_are_cut_and_stay_distinct():
 
 # -- runs ---------------------------------------------------------------------------------------
 def test_run_ends_finished_or_failed_and_carries_git_commit():
-    with tr.start_run(EXP, "ok", tags={"kind": "unit"}) as ok_id:
+    with lifecycle.start_run(EXP, "ok", tags={"kind": "unit"}) as ok_id:
         assert _run(ok_id).info.status == "RUNNING"
-    with pytest.raises(RuntimeError), tr.start_run(EXP, "boom") as bad_id:
+    with pytest.raises(RuntimeError), lifecycle.start_run(EXP, "boom") as bad_id:
         raise RuntimeError("boom")
     ok, bad = _run(ok_id), _run(bad_id)
     assert (ok.info.status, bad.info.status) == ("FINISHED", "FAILED")
     assert ok.info.run_name == "ok" and ok.data.tags["kind"] == "unit"
-    sha = tr.git_commit()
+    sha = lifecycle.git_commit()
     assert sha is not None and len(sha) == 40
     assert ok.data.tags["mlflow.source.git.commit"] == sha
     assert ok.data.tags["agentr1.git_dirty"] in ("true", "false")  # the code's repository, wherever run from
@@ -88,7 +88,7 @@ def test_a_run_stopped_by_a_signal_ends_killed_even_when_unwinding_it_failed():
     """Ctrl-C ends a run KILLED; so does an error raised while unwinding one (Prefect's task engine
     raised ValueError('Task run is not set') when SIGTERM landed as a task started)."""
     def stopped(masked: bool) -> str:
-        with pytest.raises(BaseException), tr.start_run(EXP, "stopped") as run_id:
+        with pytest.raises(BaseException), lifecycle.start_run(EXP, "stopped") as run_id:
             try:
                 raise KeyboardInterrupt
             except KeyboardInterrupt:
@@ -113,7 +113,7 @@ def test_sigterm_during_a_store_write_acts_after_it_and_the_run_still_ends_kille
     # earlier test leaves its own handler installed in this one)
     previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        with pytest.raises(tr.Terminated), tr.start_run(EXP, "terminated-mid-write") as run_id:
+        with pytest.raises(lifecycle.Terminated), lifecycle.start_run(EXP, "terminated-mid-write") as run_id:
             with store.ManagedSessionMaker(read_only=False):
                 os.kill(os.getpid(), signal.SIGTERM)  # its handler would raise at the next bytecode
                 time.sleep(0.05)
@@ -152,11 +152,11 @@ def test_signals_are_held_only_in_the_main_thread_and_never_twice():
 
 
 def test_git_commit_is_none_outside_a_repo(tmp_path):
-    assert tr.git_commit(tmp_path) is None
+    assert lifecycle.git_commit(tmp_path) is None
 
 
 def test_runs_record_the_process_that_owns_them():
-    with tr.start_run(EXP, "owner") as run_id:
+    with lifecycle.start_run(EXP, "owner") as run_id:
         tags = _run(run_id).data.tags
     assert tags[tr.TAG_PID] == str(os.getpid()) and tags[tr.TAG_HOST] == socket.gethostname()
     assert float(tags[tr.TAG_PROCESS_STARTED]) <= time.time()
@@ -189,11 +189,11 @@ def test_the_sweep_ends_only_runs_whose_process_on_this_host_is_gone():
     elsewhere = running({tr.TAG_HOST: "another-host", tr.TAG_PID: gone.pid})
     untagged = running({})
     reused = running({**here, tr.TAG_PID: os.getpid(), tr.TAG_PROCESS_STARTED: "1.00"})  # pid now someone else's
-    live = running({**here, tr.TAG_PID: os.getpid(), tr.TAG_PROCESS_STARTED: tr._process_started(os.getpid())})
+    live = running({**here, tr.TAG_PID: os.getpid(), tr.TAG_PROCESS_STARTED: lifecycle._process_started(os.getpid())})
     # the same process, its start time read again after the boot time moved by 20 ms (issue 48)
     drifted = running({**here, tr.TAG_PID: os.getpid(),
-                       tr.TAG_PROCESS_STARTED: f"{float(tr._process_started(os.getpid())) + 0.02:.2f}"})
-    ended = tr.end_orphaned_runs(EXP)
+                       tr.TAG_PROCESS_STARTED: f"{float(lifecycle._process_started(os.getpid())) + 0.02:.2f}"})
+    ended = lifecycle.end_orphaned_runs(EXP)
     assert {dead, reused} <= set(ended) and not {elsewhere, untagged, live, drifted} & set(ended)
     status = {r: _run(r).info.status for r in (dead, elsewhere, untagged, reused, live, drifted)}
     assert status == {dead: "KILLED", elsewhere: "RUNNING", untagged: "RUNNING", reused: "KILLED", live: "RUNNING",
@@ -213,10 +213,10 @@ def test_a_study_of_more_runs_than_one_search_page_is_read_whole(monkeypatch):
 
 
 def test_diverged_mark_round_trips():
-    with tr.start_run(EXP, "diverged") as run_id:
-        assert tr.diverged(run_id) is None
-        tr.mark_diverged(run_id, "PPO iteration 2: loss nan")
-    assert tr.diverged(run_id) == "PPO iteration 2: loss nan"
+    with lifecycle.start_run(EXP, "diverged") as run_id:
+        assert lifecycle.diverged(run_id) is None
+        lifecycle.mark_diverged(run_id, "PPO iteration 2: loss nan")
+    assert lifecycle.diverged(run_id) == "PPO iteration 2: loss nan"
     assert _run(run_id).data.tags[tr.TAG_DIVERGED] == "PPO iteration 2: loss nan"
 
 
@@ -233,13 +233,13 @@ def test_nested_run_created_from_another_thread():
 
     def child(parent: str, i: int) -> None:
         try:
-            with tr.start_run(EXP, f"variant-{i}", parent_run_id=parent) as run_id:
+            with lifecycle.start_run(EXP, f"variant-{i}", parent_run_id=parent) as run_id:
                 tr.log_metrics(run_id, {"eval/em": 0.1 * i}, step=0)
                 results[run_id] = parent
         except BaseException as exc:  # surfaced in the main thread below
             errors.append(exc)
 
-    with tr.start_run(EXP, "parent") as parent_id:
+    with lifecycle.start_run(EXP, "parent") as parent_id:
         threads = [threading.Thread(target=child, args=(parent_id, i)) for i in range(3)]
         for t in threads:
             t.start()
@@ -257,7 +257,7 @@ def test_nested_run_created_from_another_thread():
 
 
 def test_system_metrics_are_sampled():
-    with tr.start_run(EXP, "sysmetrics", system_metrics_interval=0.2) as run_id:
+    with lifecycle.start_run(EXP, "sysmetrics", system_metrics_interval=0.2) as run_id:
         time.sleep(1.0)
     keys = _run(run_id).data.metrics
     assert "system/cpu_utilization_percentage" in keys
@@ -268,7 +268,7 @@ def test_system_metrics_are_sampled():
 def test_log_config_flattens_cuts_long_values_and_keeps_full_yaml():
     long_prompt = "Search well. " * 600  # 7800 characters: over MLflow's 6000 limit
     cfg = Config.model_validate({"env": {"system_prompt": long_prompt}, "ppo": {"lr": 3e-4}})
-    with tr.start_run(EXP, "config") as run_id:
+    with lifecycle.start_run(EXP, "config") as run_id:
         tr.log_config(run_id, cfg)
         tr.log_config(run_id, cfg)  # a retried task logs the same values again: allowed
         tr.log_params(run_id, {"x" * 300: [1, 2]})
@@ -287,7 +287,7 @@ def test_log_config_flattens_cuts_long_values_and_keeps_full_yaml():
 
 
 def test_metrics_history_steps_and_non_finite_values():
-    with tr.start_run(EXP, "metrics") as run_id:
+    with lifecycle.start_run(EXP, "metrics") as run_id:
         for step in range(3):
             tr.log_metrics(run_id, {"actor/loss": 1.0 / (step + 1), "em@greedy": step, "bad": math.nan},
                            step=step)
@@ -303,7 +303,7 @@ def test_metrics_history_steps_and_non_finite_values():
 
 
 def test_set_tags_skips_none():
-    with tr.start_run(EXP, "tags") as run_id:
+    with lifecycle.start_run(EXP, "tags") as run_id:
         tr.set_tags(run_id, {tr.TAG_DATA_HASH: "abc123", tr.TAG_ROLLOUT_VERSION: 3, "unset": None})
     tags = _run(run_id).data.tags
     assert tags[tr.TAG_DATA_HASH] == "abc123" and tags[tr.TAG_ROLLOUT_VERSION] == "3"
@@ -321,7 +321,7 @@ def test_artifacts_text_and_plot(tmp_path):
     (tmp_path / "curve.png").write_bytes(b"\x89PNG fake")
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1, 0])
-    with tr.start_run(EXP, "artifacts") as run_id:
+    with lifecycle.start_run(EXP, "artifacts") as run_id:
         tr.log_artifacts(run_id, tmp_path / "evals", tmp_path / "curve.png", artifact_path="out")
         tr.log_text(run_id, "turn 1", "samples/traj.txt")
         tr.log_plot(run_id, tmp_path / "curve.png")
@@ -349,7 +349,7 @@ def test_log_dataset_jsonl_and_parquet(tmp_path):
     pq.write_table(pa.table({"record_id": ["q0", "q1"], "token_ids": pa.array([[1, 2, 3], [4]], pa.list_(pa.int32())),
                              "outcome_reward": [1.0, 0.0]}), roll)
     md5 = "0123456789abcdef0123456789abcdef.dir"
-    with tr.start_run(EXP, "datasets") as run_id:
+    with lifecycle.start_run(EXP, "datasets") as run_id:
         tr.log_dataset(run_id, qa, "qa-train", "train", digest=md5, sample_rows=3)
         tr.log_dataset(run_id, roll, "rollouts-iter0", "rollouts")
         (tmp_path / "bad.csv").write_text("a\n1\n")
@@ -393,7 +393,7 @@ def logged_policy(policy_dir, tmp_path_factory):
     corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
     corpus.write_text(json.dumps({"id": "d1", "title": "Kelmora", "text": "Kelmora was directed by Amberlin."}) + "\n")
     cfg = Config.model_validate({"env": {"max_turn_tokens": 6, "max_turns": 2, "tools_in_prompt": True}})
-    with tr.start_run(EXP, "policy") as run_id:
+    with lifecycle.start_run(EXP, "policy") as run_id:
         tr.log_config(run_id, cfg)  # as the pipeline does: the run's params, before its model
         tr.log_metrics(run_id, {"eval/em": 0.42}, step=3)
         t0 = time.perf_counter()
@@ -438,7 +438,7 @@ def test_policy_model_logs_loads_and_predicts(logged_policy):
 
 def test_logging_needs_the_corpus(policy_dir, tmp_path):
     cfg = Config.model_validate({"data": {"dir": str(tmp_path / "nowhere")}})
-    with tr.start_run(EXP, "no-corpus") as run_id, pytest.raises(FileNotFoundError, match="corpus"):
+    with lifecycle.start_run(EXP, "no-corpus") as run_id, pytest.raises(FileNotFoundError, match="corpus"):
         tr.log_policy_model(run_id, policy_dir, cfg=cfg)
 
 

@@ -59,7 +59,7 @@ PIPELINE_DEPLOYMENT = "manual"
 PIPELINE_EXPERIMENT = "agentr1-pipeline"
 TOOL_SPAN = "search"  # the search agent's one tool (conf/quick.yaml: env.kind qa)
 TRACES_TRIED = 6  # evaluation traces opened to find one whose episode called the tool
-LEARNING_CURVE = "plots/learning_curve.png"  # tasks/tracking.log_plot
+LEARNING_CURVE = "plots/learning_curve.png"  # adapters/tracking.log_plot
 CURVE_MIN_PX = 400
 SCREENSHOTS = os.environ.get("AGENTR1_SCREENSHOTS")
 

@@ -50,7 +50,7 @@ def test_a_plugin_with_its_own_data_file_registers_and_is_served_without_its_dat
 
     from cli.main import main
     from flows.pipeline import pipeline
-    from tasks import tracking
+    from adapters import tracking
     from tasks.params import DataSource, PipelineParams
 
     data = tmp_path / "data"

@@ -13,7 +13,7 @@ from agentr1.data import records as R
 from agentr1.data.generated import write_dataset
 from agentr1.data.synth import generate
 from agentr1.rollout import store
-from tasks import validation as V
+from adapters import validation as V
 from test_store import make_trajectories
 
 MAX_LENGTH = 64

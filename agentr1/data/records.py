@@ -86,7 +86,7 @@ def raise_errors(errors: list[DataError]) -> None:
 class FieldRule:
     """What one field of a record must be. The one definition of the record rules: the loaders
     check every row by them (:meth:`check`), and the Great Expectations suites
-    (``tasks/validation.py``) are built from them (:meth:`checks` on the helper columns of
+    (``adapters/validation.py``) are built from them (:meth:`checks` on the helper columns of
     :meth:`columns`), as ``agentr1.rollout.checks.RULES`` is for rollouts.
 
     ``kind``: ``text`` (a non-blank string of at most ``MAX_FIELD_CHARS[name]`` characters),

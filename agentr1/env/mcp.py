@@ -343,7 +343,7 @@ def _call_one(server: McpServer, name: str, **arguments: Any) -> ToolOutput:
 def command_files(specs: list[Any], cwd: Path | None = None) -> dict[tuple[int, int], Path]:
     """``{(server index, argument index): file}`` for each argument of a stdio server's command
     that names an existing file (its script): what a logged model carries so that the served
-    agent starts the same server (``tasks/agent_model.py`` points the arguments at the copies)."""
+    agent starts the same server (``adapters/agent_model.py`` points the arguments at the copies)."""
     base = Path(cwd or Path.cwd())
     return {(i, j): (base / arg).resolve() for i, spec in enumerate(specs) for j, arg in enumerate(spec.command)
             if j > 0 and (base / arg).is_file()}

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class RecordRule:
     """What a record of an environment kind must satisfy beyond the shared QA schema (the Great
-    Expectations suite ``env_<kind>`` checks it on the raw rows, ``tasks/validation.py``)."""
+    Expectations suite ``env_<kind>`` checks it on the raw rows, ``adapters/validation.py``)."""
 
     name: str
     rule: str

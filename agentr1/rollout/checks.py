@@ -2,7 +2,7 @@
 
 One definition, two users: the PPO loop checks every batch in memory before its update
 (:func:`check_batch`, cheap: plain numpy over the episodes), and the Prefect flows run the same
-rules as a Great Expectations suite on the stored Parquet table (``tasks/validation.py`` builds
+rules as a Great Expectations suite on the stored Parquet table (``adapters/validation.py`` builds
 its expectations from :data:`RULES` and its helper columns with :func:`episode_columns`).
 
 A rule holds when a per-episode *column* lies in ``[lo, hi]``; a bound given as a string is a

@@ -13,7 +13,7 @@ own settings as ``model_config`` (``tracking.agent_config``):
   for ``mlflow models serve`` through ``MLFLOW_PYFUNC_INFERENCE_CONFIG='{"corpus": path}'``;
 - ``device``: the run's (``auto``: CUDA where there is one), ``cpu`` or ``cuda``;
 - ``trace_experiment``: None, or an experiment name: each served episode is recorded there as an
-  MLflow trace (``tasks/traces.py``), e.g. ``MLFLOW_PYFUNC_INFERENCE_CONFIG='{"trace_experiment":
+  MLflow trace (``adapters/traces.py``), e.g. ``MLFLOW_PYFUNC_INFERENCE_CONFIG='{"trace_experiment":
   "agentr1-served"}'``.
 
 ``predict(DataFrame with a "question" column, params={"temperature": 0.0, "seed": 0})``
@@ -26,7 +26,7 @@ user message is the question: ``{"input": [{"role": "user", "content": ...}]}`` 
 (``chat_agent_output``); ``mlflow models serve`` takes both as plain JSON bodies. A bad input is an ``MlflowException`` with ``INVALID_PARAMETER_VALUE``, which
 MLflow's scoring server answers with HTTP 400.
 
-The project (``agentr1``, ``models``, ``tasks``) must be installed where the model is loaded.
+The project (``agentr1``, ``models``, ``adapters``) must be installed where the model is loaded.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from agentr1.agent import chat_agent_output, check_request, question_of, responses_output, transcript
-from tasks.tracking import (CHAT_MESSAGES, CORPUS_ARTIFACT, FUNCTIONS, MCP_ARTIFACT, PLUGIN_ARTIFACT, POLICY_ARTIFACT,
+from adapters.tracking import (CHAT_MESSAGES, CORPUS_ARTIFACT, FUNCTIONS, MCP_ARTIFACT, PLUGIN_ARTIFACT, POLICY_ARTIFACT,
                             QUESTION, RESOURCES_ARTIFACT, RESPONSES_INPUT)
 
 
@@ -65,7 +65,7 @@ class AgentModel(mlflow.pyfunc.PythonModel):
                            device=conf.get("device"))
         self.trace_experiment = None
         if conf.get("trace_experiment"):  # each served episode as an MLflow trace in this experiment
-            from tasks import tracking
+            from adapters import tracking
 
             self.trace_experiment = tracking.experiment_id(conf["trace_experiment"])
 
@@ -97,7 +97,7 @@ class AgentModel(mlflow.pyfunc.PythonModel):
         episodes = self.agent.play(questions, temperature=temperature, seed=seed,
                                    functions=None if functions[0] is None else functions)
         if self.trace_experiment:
-            from tasks import traces
+            from adapters import traces
 
             for question, trajectory in episodes:
                 traces.log_episode(None, self.trace_experiment, trajectory, question, {traces.TAG_KIND: "served"})

@@ -13,14 +13,12 @@ server puts them.
 Several processes may share one SQLite store (two scheduled flows, an ablation's workers): a
 file lock next to the database (``<db>.lock``, :func:`store_lock`) serialises the two steps
 that are not safe to race, MLflow creating the schema on first use and moving the champion
-alias (compare-and-set, in ``tasks.registry``). A run records the process that owns it (pid,
-host), so a run left RUNNING by a process that died (``kill -9``, power loss) is ended KILLED
-the next time a run starts in its experiment.
+alias (compare-and-set, in ``tasks.registry``). A run's start and end, and the sweep of runs
+whose process died, are :mod:`adapters.lifecycle`'s.
 """
 from __future__ import annotations
 
 import functools
-import getpass
 import hashlib
 import json
 import logging
@@ -29,8 +27,6 @@ import os
 import re
 import shutil
 import signal
-import socket
-import subprocess
 import tempfile
 import threading
 import time
@@ -46,17 +42,10 @@ import pandas as pd
 import yaml
 from filelock import FileLock
 from mlflow import MlflowClient
-from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
+from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
-from mlflow.utils.mlflow_tags import (
-    MLFLOW_DATASET_CONTEXT,
-    MLFLOW_GIT_COMMIT,
-    MLFLOW_PARENT_RUN_ID,
-    MLFLOW_USER,
-)
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_ID  # noqa: F401 - the suite nests runs
 
-from agentr1 import device
-from agentr1 import errors
 from agentr1.config import Config, config_hash, flatten
 
 if TYPE_CHECKING:
@@ -121,7 +110,6 @@ STORE_LOCK_TIMEOUT_S = 600.0  # a holder does milliseconds of SQL; minutes mean 
 
 CONFIG_ARTIFACT = "config/config.yaml"
 DATASET_SAMPLE_ROWS = 1000  # rows read for a dataset's schema and profile; the digest covers the file
-SYSTEM_METRICS_INTERVAL_S = 10.0
 SEARCH_MAX_RESULTS = 1000  # runs per page of a search (MLflow's largest page is 50,000)
 
 
@@ -153,9 +141,9 @@ FUNCTIONS = "functions"  # beside "question", for a function-calling agent: each
 RESPONSES_INPUT = "input"  # MLflow ResponsesAgent requests
 CHAT_MESSAGES = "messages"  # MLflow ChatAgent requests
 AGENT_SECTIONS = ("seed", "env", "reward", "rollout")  # the config an episode depends on
+ADAPTER_CONFIG_FILE = "adapter_config.json"  # models.policy's name for it (not imported: torch)
 MODEL_REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "pandas", "mlflow", "pydantic",
                       "bm25s", "PyStemmer", "scipy", "numpy")
-ADAPTER_CONFIG_FILE = "adapter_config.json"  # models.policy's name for it (not imported: torch)
 
 
 # -- store -----------------------------------------------------------------------------------
@@ -311,260 +299,16 @@ def experiment_id(name: str) -> str:
         return c.get_experiment_by_name(name).experiment_id
 
 
-# -- runs --------------------------------------------------------------------------------------
-def git_commit(cwd: str | Path | None = None) -> str | None:
-    """``git rev-parse HEAD`` of ``cwd`` (default: the current directory); None outside a repo."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    sha = out.stdout.strip()
-    return sha if out.returncode == 0 and sha else None
-
-
-def git_dirty(cwd: str | Path | None = None) -> bool | None:
-    """Whether tracked files of ``cwd``'s repository differ from its HEAD (a number made then
-    is not reproducible from the commit alone); None outside a repo."""
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(out.stdout.strip()) if out.returncode == 0 else None
-
-
-@contextmanager
-def start_run(
-    experiment: str,
-    run_name: str,
-    tags: Mapping[str, Any] | None = None,
-    parent_run_id: str | None = None,
-    system_metrics_interval: float | None = None,
-) -> Iterator[str]:
-    """Create a run in ``experiment`` (a name), yield its id, and end it FINISHED (FAILED on
-    an exception, KILLED when interrupted: Ctrl-C, SIGTERM, ``sys.exit``).
-
-    ``parent_run_id`` nests the run under that run (works from any thread: no active-run
-    state). ``system_metrics_interval`` (seconds) samples CPU/memory/GPU metrics while the
-    run is open; None leaves them off. Runs of ``experiment`` left RUNNING by a dead process
-    on this host are ended KILLED first (:func:`end_orphaned_runs`).
-    """
-    c = client()
-    exp_id = experiment_id(experiment)
-    end_orphaned_runs(experiment)
-    dirty = git_dirty(CODE_DIR)
-    run_tags = _tags({MLFLOW_USER: _user(), MLFLOW_GIT_COMMIT: git_commit(CODE_DIR),
-                      TAG_GIT_DIRTY: None if dirty is None else str(dirty).lower(), TAG_CPU: device.cpu_model(), **(tags or {}),
-                      **_owner_tags(), MLFLOW_PARENT_RUN_ID: parent_run_id})
-    run_id = c.create_run(exp_id, tags=run_tags, run_name=run_name).info.run_id
-    monitor = system_metrics(run_id, system_metrics_interval) if system_metrics_interval else None
-    status = RunStatus.to_string(RunStatus.FAILED)
-    try:
-        with _sigterm_unwinds():
-            yield run_id
-        status = RunStatus.to_string(RunStatus.FINISHED)
-    except BaseException as exc:
-        if errors.interruption(exc) is not None:  # Ctrl-C, SIGTERM, Prefect's TerminationSignal, sys.exit
-            status = RunStatus.to_string(RunStatus.KILLED)
-        raise
-    finally:
-        if monitor is not None:
-            _finish_monitor(monitor, status)
-        _set_terminated(c, run_id, status)
-
-
-MONITOR_STOP_S = 10.0
-"""How long an interrupted run waits for its system-metrics thread: a signal raised in the main
-thread while it held the logging module's lock leaves that thread blocked for good, and MLflow's
-``finish()`` joins it without a timeout (seen as a hang after SIGTERM)."""
-
-
-def _finish_monitor(monitor, status: str) -> None:
-    if status != RunStatus.to_string(RunStatus.KILLED):
-        monitor.finish()
-        return
-    stopper = threading.Thread(target=monitor.finish, name="agentr1-stop-system-metrics", daemon=True)
-    stopper.start()
-    stopper.join(MONITOR_STOP_S)
-
-
-def _set_terminated(c: MlflowClient, run_id: str, status: str, attempts: int = 5) -> None:
-    """End the run, retrying while SQLite says another writer holds the database (the metrics
-    thread's last write, racing an interrupted run's end)."""
-    for attempt in range(attempts):
-        try:
-            c.set_terminated(run_id, status)
-            return
-        except MlflowException as exc:
-            if "database is locked" not in str(exc) or attempt == attempts - 1:
-                raise
-            time.sleep(0.5 * (attempt + 1))
-
-
-class Terminated(SystemExit):
-    """Raised in the main thread by SIGTERM while a run is open (exit status 128 + 15)."""
-
-
-def _raise_terminated(signum: int, frame) -> None:
-    raise Terminated(128 + signum)
-
-
-@contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
-    """Make SIGTERM raise :class:`Terminated` in the main thread while the body runs.
-
-    SIGTERM's default action ends the process on the spot, so no ``finally`` runs and the
-    run would stay RUNNING; an exception unwinds through :func:`start_run`, which ends it
-    KILLED. Ctrl-C already raises KeyboardInterrupt. Only when SIGTERM has its default
-    action: Prefect's flow engine installs a handler of its own that raises the same way
-    (``TerminationSignal``), and an ignored SIGTERM stays ignored. A handler can only be set
-    from the main thread; a run opened in a worker thread is ended by the next start's
-    sweep (:func:`end_orphaned_runs`) if the process dies."""
-    mine = (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
-    if mine:
-        signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        if mine and signal.getsignal(signal.SIGTERM) is _raise_terminated:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _process_started(pid: int) -> str | None:
-    """When process ``pid`` started (psutil's create time); None without psutil or such a process."""
-    try:
-        import psutil
-    except ImportError:
-        return None
-    try:
-        return f"{psutil.Process(pid).create_time():.2f}"
-    except psutil.Error:
-        return None
-
-
-def _owner_tags() -> dict[str, Any]:
-    pid = os.getpid()
-    return {TAG_PID: pid, TAG_HOST: socket.gethostname(), TAG_PROCESS_STARTED: _process_started(pid)}
-
-
-START_TOLERANCE_S = 1.0
-"""How far a process's start time may read from the one recorded and still be the same process:
-psutil derives it from the boot time, which the kernel reports anew after a clock adjustment,
-so an exact match to 0.01 s took a live run for an orphan and ended it. A new process that
-reused the pid started later than this."""
-
-
-def _same_start(now: float, recorded: str) -> bool:
-    try:
-        return abs(now - float(recorded)) < START_TOLERANCE_S
-    except ValueError:  # not a number: not the process that wrote it
-        return False
-
-
-def _process_alive(pid: int, started: str | None) -> bool:
-    """Whether process ``pid`` (on this host) still runs and is the one that started at
-    ``started`` (a zombie, or a new process that got the same pid, is not)."""
-    try:
-        import psutil
-    except ImportError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:  # someone else's process: it exists
-            pass
-        return True
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return started is None or _same_start(proc.create_time(), started)
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True
-
-
-def end_orphaned_runs(experiment: str) -> list[str]:
-    """End KILLED the runs of ``experiment`` that are RUNNING although the process on this
-    host that started them is gone (killed with SIGKILL, out of memory, power cut: nothing
-    in the process could end them). Runs of other hosts, and runs without an owner tag, are
-    left alone: nothing here can tell whether they still run. Returns the ids ended."""
-    c = client()
-    host = socket.gethostname()
-    query = f"attributes.status = 'RUNNING' and tags.`{TAG_HOST}` = '{host}'"
-    ended = []
-    for run in c.search_runs([experiment_id(experiment)], query, max_results=SEARCH_MAX_RESULTS):
-        tags = run.data.tags
-        try:
-            pid = int(tags[TAG_PID])
-        except (KeyError, ValueError):
-            continue
-        if _process_alive(pid, tags.get(TAG_PROCESS_STARTED)):
-            continue
-        c.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.KILLED))
-        set_tags(run.info.run_id, {TAG_ENDED_BY: f"a later start: its process {pid} on {host} was gone"})
-        log.warning("run %s (%s) was left RUNNING by process %d, which is gone: ended KILLED",
-                    run.info.run_id, run.info.run_name, pid)
-        ended.append(run.info.run_id)
-    return ended
-
-
-def flow_runs_of_orphaned_runs(experiment: str, limit: int = 50) -> list[str]:
-    """The Prefect flow runs (``TAG_PREFECT_FLOW_RUN``) of the most recent runs of ``experiment``
-    that :func:`end_orphaned_runs` ended: their flow runs died with their process too, and
-    Prefect still shows them Running (``flows.pipeline.crash_orphaned_flow_runs`` ends them)."""
-    query = (f"attributes.status = 'KILLED' and tags.`{TAG_ENDED_BY}` LIKE '%' "
-             f"and tags.`{TAG_PREFECT_FLOW_RUN}` LIKE '%'")
-    runs = client().search_runs([experiment_id(experiment)], query, max_results=limit,
-                                order_by=["attributes.start_time DESC"])
-    return [r.data.tags[TAG_PREFECT_FLOW_RUN] for r in runs]
-
-
-def mark_diverged(run_id: str, reason: str) -> None:
-    """Tag run ``run_id`` as diverged (``reason``: what went non-finite, where); registration
-    refuses a policy from such a run."""
-    set_tags(run_id, {TAG_DIVERGED: reason})
-
-
-def diverged(run_id: str) -> str | None:
-    """Why run ``run_id`` was marked diverged; None when it was not."""
-    return client().get_run(run_id).data.tags.get(TAG_DIVERGED)
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry (some containers)
-        return "unknown"
-
-
-def system_metrics(run_id: str, interval_s: float = SYSTEM_METRICS_INTERVAL_S):
-    """Start MLflow's system-metrics sampler (``system/cpu_utilization_percentage``, memory,
-    disk, network; GPU when pynvml finds one) on ``run_id``; returns it (call ``.finish()``),
-    or None when psutil is missing. ``start_run(..., system_metrics_interval=s)`` does this."""
-    try:
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-    except ImportError as exc:  # psutil not installed
-        log.warning("system metrics off: %s", exc)
-        return None
-    monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, samples_before_logging=1,
-                                   tracking_uri=tracking_uri())
-    monitor.start()
-    return monitor
-
-
 def set_tags(run_id: str, tags: Mapping[str, Any]) -> None:
     """Set tags (values stringified, None skipped), e.g. ``{TAG_DATA_HASH: md5,
     TAG_ROLLOUT_VERSION: "3"}``."""
-    items = [RunTag(k, v) for k, v in _tags(tags).items()]
+    items = [RunTag(k, v) for k, v in clean_tags(tags).items()]
     for chunk in _chunks(items, MAX_PARAMS_PER_BATCH):
         client().log_batch(run_id, tags=chunk)
 
 
-def _tags(tags: Mapping[str, Any]) -> dict[str, str]:
-    """Sanitised keys, values stringified and cut to MLflow's limit; None values left out."""
+def clean_tags(tags: Mapping[str, Any]) -> dict[str, str]:
+    """Tags as MLflow takes them: sanitised keys, values stringified and cut to MLflow's limit; None values left out."""
     return {_key(k): _cut(str(v), MAX_TAG_CHARS) for k, v in tags.items() if v is not None}
 
 
@@ -707,7 +451,7 @@ def log_dataset(
 
 # -- the agent model -----------------------------------------------------------------------------
 def agent_config(cfg: Config) -> dict[str, Any]:
-    """The agent model's ``model_config`` (``tasks/agent_model.py``): the sections of the run's
+    """The agent model's ``model_config`` (``adapters/agent_model.py``): the sections of the run's
     own config that shape an episode (prompt, environment, reward, rollout engine), and the
     load-time options, unset. A default ``Config()`` here would silently differ from the
     trained prompt, hence no default."""
@@ -728,7 +472,7 @@ def _requirements() -> list[str]:
 
 def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str = MODEL_NAME,
                      corpus: str | Path | None = None) -> str:
-    """Log the agent of run ``run_id`` as a pyfunc model (``tasks/agent_model.py``, from code):
+    """Log the agent of run ``run_id`` as a pyfunc model (``adapters/agent_model.py``, from code):
     the Hugging Face policy directory (weights, tokenizer, chat template, value head), the
     dataset's resources its tools read (every file beside ``corpus.jsonl`` in ``cfg.data.dir``, or
     in the directory of ``corpus``: the SQL world's database, a plug-in generator's files), the
@@ -762,7 +506,7 @@ def log_policy_model(run_id: str, model_dir: str | Path, cfg: Config, name: str 
     # The explicit signature replaces the input example MLflow asks for (an example would be
     # checked by loading the whole agent once more).
     # A question column, or one agent conversation (MLflow's Responses "input" or ChatAgent
-    # "messages"): tasks/agent_model.py answers each in its own shape.
+    # "messages"): adapters/agent_model.py answers each in its own shape.
     messages = Array(Object([Property("role", "string"), Property("content", "string")]))
     signature = ModelSignature(inputs=Schema([ColSpec("string", QUESTION, required=False),
                                               ColSpec("string", FUNCTIONS, required=False),

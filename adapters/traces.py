@@ -25,9 +25,9 @@ from contextlib import contextmanager
 
 from agentr1.env.protocol import parse_turn
 from agentr1.episode import Trajectory
-from tasks import tracking
+from adapters import tracking
 
-log = logging.getLogger("agentr1.tasks.traces")
+log = logging.getLogger("agentr1.adapters.traces")
 _exporting_to: list[str] = []  # the store MLflow's trace exporter was last made for
 
 TAG_KIND = "agentr1.trace"

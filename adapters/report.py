@@ -21,7 +21,7 @@ from agentr1.ablation import CURVE_KEYS
 from agentr1.metrics import HEADLINE_KEYS
 from agentr1.report import (BASELINE_LABELS, DIRTY, EXPORT_SUFFIX, STUDY_NAME, Provenance, RunRecord, Study,
                             export_text, read_export, render_study, variant_order)
-from tasks import tracking
+from adapters import tracking
 
 log = logging.getLogger("agentr1.report")
 
