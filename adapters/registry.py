@@ -11,6 +11,7 @@ from pathlib import Path
 
 from adapters import lifecycle, tracking
 from agentr1.errors import EXIT_FAILED, NotFound, NotRegistered, UserError
+from agentr1.rundir import VALUE_HEAD_FILE
 
 MODELS_URI = "models:/"
 CHECKPOINT_LABEL = "checkpoint"
@@ -78,7 +79,7 @@ def model_uri(ref: str) -> str:
 
 def policy_dir_of(download: Path) -> Path:
     """The Hugging Face policy directory inside a downloaded pyfunc model."""
-    found = sorted(p.parent for p in download.rglob("config.json") if (p.parent / "value_head.safetensors").exists())
+    found = sorted(p.parent for p in download.rglob("config.json") if (p.parent / VALUE_HEAD_FILE).exists())
     if not found:
         raise FileNotFoundError(f"{download}: no policy directory (config.json + value_head.safetensors) inside")
     return found[0]

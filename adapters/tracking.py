@@ -47,6 +47,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_ID  # noqa: F401 - the suite nests runs
 
 from agentr1.config import Config, config_hash, flatten
+from agentr1.rundir import ADAPTER_CONFIG_FILE
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -141,7 +142,6 @@ FUNCTIONS = "functions"  # beside "question", for a function-calling agent: each
 RESPONSES_INPUT = "input"  # MLflow ResponsesAgent requests
 CHAT_MESSAGES = "messages"  # MLflow ChatAgent requests
 AGENT_SECTIONS = ("seed", "env", "reward", "rollout")  # the config an episode depends on
-ADAPTER_CONFIG_FILE = "adapter_config.json"  # models.policy's name for it (not imported: torch)
 MODEL_REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "pandas", "mlflow", "pydantic",
                       "bm25s", "PyStemmer", "scipy", "numpy")
 

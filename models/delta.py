@@ -27,7 +27,8 @@ from safetensors.torch import load_file, save_file
 from transformers.utils import SAFE_WEIGHTS_NAME
 
 from agentr1.fsutil import DamagedError
-from models.catalog import BUILD_FILE, DEFAULT_CACHE, sha256_of
+from agentr1.fsutil import file_sha256
+from models.catalog import BUILD_FILE, DEFAULT_CACHE
 
 BASE_FILE = "agentr1_base.json"
 DELTA_FILE = "delta.safetensors"
@@ -57,7 +58,7 @@ def weights_sha256(base_dir: Path) -> str:
             return sha
     except OSError:
         pass
-    sha = sha256_of(weights)
+    sha = file_sha256(weights)
     try:
         digest.write_text(f"{sha} {stamp}\n")
     except OSError:  # a read-only cache: hashed again next time

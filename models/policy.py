@@ -31,13 +31,12 @@ from transformers import (
 from agentr1.config import ModelConfig
 from agentr1.fsutil import DamagedError, atomic_dir, verify_manifest
 from agentr1.rl.guard import assert_finite
+from agentr1.rundir import ADAPTER_CONFIG_FILE, VALUE_HEAD_FILE
 from models.delta import DELTA_FILE, as_base, base_for, is_delta, read_delta, write_delta
 from models.tokenizer import single_token_ids
 
-VALUE_HEAD_FILE = "value_head.safetensors"
 BASE_ATTR = "agentr1_base"
 """A loaded policy's :class:`models.delta.Base`, when its weights came from a catalog build."""
-ADAPTER_CONFIG_FILE = "adapter_config.json"  # written by peft for a LoRA policy
 # Generation stops at any of these (those that are single tokens): end of turn, end of a
 # tool call or answer, end of text. vLLM and generate() read them from generation_config.
 STOP_TOKENS = ("<|im_end|>", "</tool_call>", "</answer>", "<|endoftext|>")

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from models.policy import ADAPTER_CONFIG_FILE, ActorCritic, load_actor_critic
+from agentr1.rundir import ADAPTER_CONFIG_FILE
+from models.policy import ActorCritic, load_actor_critic
 
 
 @dataclass

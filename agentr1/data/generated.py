@@ -9,7 +9,6 @@ behind, and what it wrote passes ``records.check_dataset`` first. The marker is 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -17,7 +16,7 @@ from pathlib import Path
 
 from agentr1.data.records import (CORPUS_FILE, MARKER_FILE, QA_DIR, DataError, Document, QARecord, available_splits,
                                   check_dataset, corpus_path, raise_errors, split_path, to_jsonl)
-from agentr1.fsutil import atomic_dir
+from agentr1.fsutil import atomic_dir, file_sha256
 
 MARKER_GENERATOR = "agentr1"
 # Split names become file names; keep them to a safe alphabet.
@@ -47,10 +46,6 @@ def dataset_kind(data_dir: str | os.PathLike) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-def _file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def changed_since_generated(data_dir: str | os.PathLike) -> list[str]:
     """The files of a generated dataset that are there but no longer hold what the generator
     wrote (a user's edits); every file that is there when the marker recorded no digests."""
@@ -62,7 +57,7 @@ def changed_since_generated(data_dir: str | os.PathLike) -> list[str]:
     present = [f for f in (_marked_files(data_dir) or []) if (data_dir / f).is_file()]
     if not isinstance(digests, dict):
         return present
-    return [f for f in present if digests.get(f) != _file_sha256(data_dir / f)]
+    return [f for f in present if digests.get(f) != file_sha256(data_dir / f)]
 
 
 def _entries_under(data_dir: Path, keep_dirs: set[str] = frozenset()) -> list[str]:
@@ -175,7 +170,7 @@ def write_dataset(
             (tmp / name).write_bytes(data)
         raise_errors([_moved(e, tmp, target) for e in check_dataset(tmp)])
         written = [CORPUS_FILE, *(f"{QA_DIR}/{split}.jsonl" for split in splits), *(files or {})]
-        digests = {f: _file_sha256(tmp / f) for f in written}
+        digests = {f: file_sha256(tmp / f) for f in written}
         marker = {"generator": MARKER_GENERATOR, "files": written, "sha256": digests, **({"kind": kind} if kind else {})}
         (tmp / MARKER_FILE).write_text(json.dumps(marker) + "\n")
 

@@ -16,7 +16,6 @@ bytes: identical content gives the same version, so it can tag an MLflow run.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from agentr1.fsutil import atomic_file
+from agentr1.fsutil import atomic_file, file_sha256
 from agentr1.episode import Trajectory
 
 VERSION_CHARS = 12
@@ -93,14 +92,6 @@ def to_table(trajs: list[Trajectory], iteration: int, meta: dict | None = None) 
         META_USER: json.dumps(meta or {}, sort_keys=True, default=str).encode(),
     })
     return pa.Table.from_pylist([_row(t, iteration, i) for i, t in enumerate(trajs)], schema=schema)
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def write_table_atomic(table: pa.Table, path: str | os.PathLike) -> RolloutDatasetInfo:
