@@ -25,7 +25,6 @@ experiment so far, docs/experiments/):
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import re
@@ -37,13 +36,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentr1.ablation import FULL, VARIANTS, efficiency, mean_curve, mean_std
-from agentr1.fsutil import feed_file
 from agentr1.metrics import EM_KEYS
 from agentr1.suite import RECIPE_VARIANT, suite_markdown, task_row
 
 HASH_CHARS = 12  # short hashes and commits in tables; the provenance table lists them whole
 DIRTY = "+dirty"  # a commit's suffix when the run's code differed from it
-WEIGHTS_GLOB = "*.safetensors"  # the policy and its value head
 # The paper's claims, as (better, worse) variant pairs of the ablation table.
 PAPER_ORDERING = (("ppo", "ppo-no-adv-mask"), ("ppo-no-adv-mask", "ppo-no-masks"), ("ppo", "ppo-no-masks"),
                   ("ppo", "ppo-outcome-only"))
@@ -86,18 +83,6 @@ class RunRecord:
     """The run's parameters as MLflow holds them (the resolved config, flattened)."""
 
 
-def weights_digest(policy_dir: str | Path) -> str:
-    """sha256 over a policy directory's weight files (policy and value head, by name): two
-    warm-ups are the same warm-up exactly when this is equal (a seed alone does not say so: the
-    thread count changes the weights)."""
-    files = sorted(Path(policy_dir).glob(WEIGHTS_GLOB))
-    if not files:
-        raise FileNotFoundError(f"{policy_dir}: no {WEIGHTS_GLOB} weights to digest")
-    h = hashlib.sha256()
-    for path in files:
-        h.update(path.name.encode())
-        feed_file(h, path)
-    return h.hexdigest()
 
 
 # ----------------------------------------------------------------------------- spread

@@ -13,6 +13,7 @@ while resuming a checkpoint made with another ``ppo.lr`` is an error naming ``pp
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -21,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from agentr1.config import Config, ConfigError, flatten
-from agentr1.fsutil import write_json
+from agentr1.fsutil import feed_file, write_json
 
 MARKER = ".agentr1-run"
 # A policy directory (models.policy writes it): Hugging Face's files, and these.
 VALUE_HEAD_FILE = "value_head.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"  # peft's, for a LoRA policy
+WEIGHTS_GLOB = "*.safetensors"  # the policy (whole, a delta or an adapter) and its value head
 WARMUP_DIR = "warmup"  # the warmed-up policy, the PPO reference
 WARMUP_STATS = "warmup_stats.json"  # in WARMUP_DIR, written last: the warm-up is finished
 LAST_DIR = Path("checkpoints") / "last"  # the latest PPO checkpoint
@@ -37,12 +39,13 @@ SELECTED_FILE = "selected.json"
 HISTORY_FILE = "metrics.jsonl"  # one JSON object of metrics per PPO iteration
 CURVE_FILE = "learning_curve.png"
 SUMMARY_FILE = "summary.json"
+EVALUATED_FILE = "evaluated.json"  # which weights each eval_<tag>.json played, on what (a later tag reuses it)
 DOWNLOADS_DIR = "registry"  # registered policies fetched to compare or evaluate
 JOB_FILE, RESULT_FILE, CURVE_POINTS_FILE = "job.json", "result.json", "curve.jsonl"  # an ablation run's
 ABLATION_REPORT = ("results.md", "results.csv", "curves.csv", "efficiency.json", "curves.png")  # an ablation root's
 SUITE_REPORT = ("results.md", "results.csv", "suite.json")  # a suite root's
 RUN_OUTPUTS = frozenset({
-    WARMUP_DIR, "checkpoints", FINAL_DIR, "rollouts", "runs", SUMMARY_FILE, HISTORY_FILE, CURVE_FILE,
+    WARMUP_DIR, "checkpoints", FINAL_DIR, "rollouts", "runs", SUMMARY_FILE, EVALUATED_FILE, HISTORY_FILE, CURVE_FILE,
     CURVE_POINTS_FILE, JOB_FILE, RESULT_FILE, DOWNLOADS_DIR, *ABLATION_REPORT, *SUITE_REPORT,
 })
 """Names a run, an ablation or a suite writes at the top of its directory (besides
@@ -121,3 +124,17 @@ def claim(path: Path, identity: dict) -> None:
                           f"use another output_dir, or delete {path.parent} to start it again")
         return
     write_json(path, identity)
+
+
+def weights_digest(policy_dir: str | Path) -> str:
+    """sha256 over a policy directory's weight files (policy and value head, by name): two
+    warm-ups are the same warm-up exactly when this is equal (a seed alone does not say so: the
+    thread count changes the weights)."""
+    files = sorted(Path(policy_dir).glob(WEIGHTS_GLOB))
+    if not files:
+        raise FileNotFoundError(f"{policy_dir}: no {WEIGHTS_GLOB} weights to digest")
+    h = hashlib.sha256()
+    for path in files:
+        h.update(path.name.encode())
+        feed_file(h, path)
+    return h.hexdigest()

@@ -24,7 +24,7 @@ from prefect.futures import wait
 
 from agentr1 import errors
 from agentr1.ablation import Job
-from agentr1.report import weights_digest
+from agentr1.rundir import weights_digest
 from flows.pipeline import run_name
 from flows.pipeline import run_tags as flow_tags
 from adapters import lifecycle, tracking

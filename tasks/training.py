@@ -24,7 +24,7 @@ from prefect.cache_policies import NO_CACHE
 
 from agentr1 import checkpoint as ckpt
 from agentr1.config import Config, config_hash
-from agentr1.recipe.evaluation import run_eval, stage_baselines
+from agentr1.recipe.evaluation import evaluate_dir, stage_baselines
 from agentr1.recipe.outputs import write_final_policy, write_history
 from agentr1.recipe.ppo import PPOSession, run_ppo
 from agentr1.recipe.warmup import check_demonstrable, finished_warmup, warmup
@@ -196,22 +196,21 @@ def evaluate_policy(cfg: Config, policy_dir: str, tag: str, split: str | None = 
                     run_id: str | None = None) -> dict[str, float]:
     """Greedy and sampled episodes of the policy in ``policy_dir`` on ``split`` (default
     ``cfg.eval.split``); metrics go to MLflow as ``eval/{tag}/...``, the JSON and rendered
-    trajectories as artifacts. Returns the flat metrics (``greedy/em``, ...)."""
-    from models.chat import ChatFormat
-    from models.policy import load_actor_critic
-
+    trajectories as artifacts. Returns the flat metrics (``greedy/em``, ...). Weights this run
+    directory already evaluated on the same data (``final/`` when the dev check kept the warm-up)
+    reuse that evaluation (:func:`agentr1.recipe.evaluation.evaluate_dir`): no traces again."""
     ws = workspace(cfg)
     split = split or cfg.eval.split
     if split not in ws.splits:
         raise ValueError(f"{ws.data_dir}: no split {split!r}; available: {sorted(ws.splits)}")
-    model, tokenizer = load_actor_critic(policy_dir, device=ws.device)
-    result = run_eval(cfg, ws, model, tokenizer, ChatFormat(tokenizer, ws.tools), tag, split)
+    result = evaluate_dir(cfg, ws, policy_dir, tag, split)
     if run_id:
         out = Path(cfg.output_dir)
         tracking.log_metrics(run_id, result.metrics, step=0, prefix=f"eval/{tag}/")
         tracking.log_artifacts(run_id, out / f"eval_{tag}.json", out / f"trajectories_{tag}.txt",
                                artifact_path="evaluation")
-        traces.log_episodes(run_id, result.trajectories["greedy"], {r.id: r.question for r in ws.split(split)},
-                            cfg.eval.traces, {traces.TAG_KIND: "evaluation", traces.TAG_EVAL: tag,
-                                              traces.TAG_MODE: "greedy"})
+        if result.trajectories:
+            traces.log_episodes(run_id, result.trajectories["greedy"], {r.id: r.question for r in ws.split(split)},
+                                cfg.eval.traces, {traces.TAG_KIND: "evaluation", traces.TAG_EVAL: tag,
+                                                  traces.TAG_MODE: "greedy"})
     return result.metrics

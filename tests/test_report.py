@@ -14,8 +14,8 @@ from test_ablation import TINY_ABLATION
 
 from agentr1.ablation import FULL
 from agentr1.report import (Claim, Provenance, RunRecord, ablation_table, baselines_table, group_table, groups_of,
-                            ordering, ordering_markdown, pipeline_table, provenance_markdown, provenance_summary, spread,
-                            weights_digest)
+                            ordering, ordering_markdown, pipeline_table, provenance_markdown, provenance_summary, spread)
+from agentr1.rundir import weights_digest
 from adapters import tracking
 
 ROOT = Path(__file__).resolve().parents[1]

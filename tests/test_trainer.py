@@ -327,3 +327,35 @@ def test_final_is_the_best_on_dev_and_an_early_stop_ends_the_run(data_dir, tmp_p
     f, k = params(final), params(kept)
     assert all(torch.equal(f[n], k[n]) for n in f)
     assert len(train_ppo(cfg, Workspace.build(cfg))[3]) == 2, "a stopped run must not train on when run again"
+
+
+def test_the_same_weights_on_the_same_data_are_evaluated_once(data_dir, tmp_path, monkeypatch):
+    """final/ holding the warm-up's weights (the dev check kept iteration 0) reuses the warm-up's
+    evaluation: the same files under the new tag and no episode played; other weights, another
+    config or changed data are evaluated anew."""
+    import agentr1.recipe.evaluation as evaluation
+    from agentr1.rundir import EVALUATED_FILE
+
+    cfg = tiny_config(data_dir, tmp_path / "run", "sft.steps=1")
+    ws = Workspace.build(cfg)
+    warmup(cfg, ws)
+    warm = tmp_path / "run" / "warmup"
+    first = evaluation.evaluate_dir(cfg, ws, warm, "warmup")
+    assert first.trajectories and json.loads((tmp_path / "run" / EVALUATED_FILE).read_text())["warmup"]["split"] == "test"
+    shutil.copytree(warm, tmp_path / "same")
+    played = []
+    monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: played.append(1) or first)
+    again = evaluation.evaluate_dir(cfg, ws, tmp_path / "same", "final")
+    assert not played and again.metrics == first.metrics and again.trajectories == {}
+    run = tmp_path / "run"
+    assert (run / "eval_final.json").read_bytes() == (run / "eval_warmup.json").read_bytes()
+    assert (run / "trajectories_final.txt").read_text() == (run / "trajectories_warmup.txt").read_text()
+    # Other weights (a warm-up of another seed) on the same data: evaluated.
+    other = tiny_config(data_dir, tmp_path / "other", "sft.steps=1", "seed=1")
+    warmup(other, ws)
+    evaluation.evaluate_dir(cfg, ws, tmp_path / "other" / "warmup", "other")
+    assert played == [1]
+    # Another config (a sampled temperature) and the same weights: evaluated again.
+    hot = tiny_config(data_dir, tmp_path / "run", "sft.steps=1", "eval.sampled_temperature=0.5")
+    evaluation.evaluate_dir(hot, ws, warm, "hot")
+    assert played == [1, 1]

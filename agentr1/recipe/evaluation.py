@@ -1,26 +1,76 @@
 """A policy played greedy and sampled on a split (:func:`agentr1.evaluate.evaluate`), written as
-``eval_<tag>.json`` and ``trajectories_<tag>.txt``; and the untrained model's baselines."""
+``eval_<tag>.json`` and ``trajectories_<tag>.txt``; and the untrained model's baselines.
+
+An evaluation is a function of the weights, the questions and the config (its sampled episodes
+draw from ``seed + 12345`` whatever the tag), so a run directory evaluates the same weights on
+the same data once: when the dev check keeps iteration 0, ``final/`` holds the warm-up's weights
+and ``final`` reuses ``warmup``'s results (:data:`~agentr1.rundir.EVALUATED_FILE` records what
+each tag played), the ~10 minutes of a SmolLM2 test evaluation saved."""
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from pathlib import Path
 
-from agentr1.config import Config
+from agentr1.config import Config, config_hash
 from agentr1.env.registry import build_env
 from agentr1.evaluate import EvalResult, evaluate, render_trajectory
-from agentr1.fsutil import write_json, write_text
+from agentr1.fsutil import feed_file, write_json, write_text
 from agentr1.recipe.warmup import build_model
-from agentr1.recipe.workspace import Workspace, eval_records, make_engine
+from agentr1.recipe.workspace import Workspace, eval_records, load_policy, make_engine
 from agentr1.rollout.engine import RolloutEngine
+from agentr1.rundir import EVALUATED_FILE, weights_digest
 
 log = logging.getLogger("agentr1.train")
 
 
+def evaluation_key(cfg: Config, ws: Workspace, split: str, weights: str) -> dict:
+    """What an evaluation's results are a function of: the weights' digest, the config, the
+    split and every file of the dataset (questions, corpus, a tool's database)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in Path(ws.data_dir).rglob("*") if p.is_file()):
+        h.update(path.relative_to(ws.data_dir).as_posix().encode())
+        feed_file(h, path)
+    return {"weights": weights, "config": config_hash(cfg), "split": split, "data": h.hexdigest()}
+
+
+def _evaluated(cfg: Config) -> dict:
+    path = Path(cfg.output_dir) / EVALUATED_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _record(cfg: Config, tag: str, key: dict) -> None:
+    write_json(Path(cfg.output_dir) / EVALUATED_FILE, {**_evaluated(cfg), tag: key})
+
+
+def evaluate_dir(cfg: Config, ws: Workspace, policy_dir: str | Path, tag: str, split: str | None = None) -> EvalResult:
+    """:func:`run_eval` of the policy saved in ``policy_dir``, or, when this run directory already
+    evaluated the same weights on the same data with the same config, that evaluation's files
+    under ``tag`` (the result then has no trajectories: they were the earlier tag's)."""
+    split = split or cfg.eval.split
+    key = evaluation_key(cfg, ws, split, weights_digest(policy_dir))
+    out = Path(cfg.output_dir)
+    for earlier, its_key in _evaluated(cfg).items():
+        if its_key == key and earlier != tag and (out / f"eval_{earlier}.json").is_file():
+            metrics = json.loads((out / f"eval_{earlier}.json").read_text())
+            write_json(out / f"eval_{tag}.json", metrics)
+            write_text(out / f"trajectories_{tag}.txt", (out / f"trajectories_{earlier}.txt").read_text())
+            _record(cfg, tag, key)
+            log.info("evaluation %s: the same weights as %s (sha256 %s) on the same data: its results reused", tag,
+                     earlier, key["weights"][:12])
+            return EvalResult(metrics, {})
+    return run_eval(cfg, ws, *load_policy(ws, Path(policy_dir)), tag, split, weights=key["weights"])
+
+
 def run_eval(cfg: Config, ws: Workspace, model, tokenizer, chat, tag: str, split: str | None = None,
-             engine: RolloutEngine | None = None) -> EvalResult:
+             engine: RolloutEngine | None = None, weights: str | None = None) -> EvalResult:
     """Evaluate greedy and sampled on a split; writes eval_{tag}.json and trajectories_{tag}.txt.
-    ``engine`` replaces the default one (e.g. :func:`naive_rag_engine`'s)."""
+    ``engine`` replaces the default one (e.g. :func:`naive_rag_engine`'s). ``weights``: the
+    digest of the policy's saved weights (:func:`agentr1.rundir.weights_digest`), recorded so a
+    later tag of the same weights reuses this evaluation (:func:`evaluate_dir`)."""
     records = eval_records(cfg, ws, split)
+    reusable = weights is not None and engine is None  # another engine (naive RAG) plays other episodes
     engine = engine or make_engine(cfg, ws.env, model, tokenizer, chat, ws.device)
     temp = cfg.eval.sampled_temperature or cfg.rollout.temperature
     result = evaluate(engine, records, seed=cfg.seed + 12_345, sampled_temperature=temp,
@@ -34,6 +84,8 @@ def run_eval(cfg: Config, ws: Workspace, model, tokenizer, chat, tag: str, split
         for t in result.trajectories[mode][: cfg.eval.render_examples]:
             shown.append(f"## {mode}\n" + render_trajectory(t, tokenizer, questions[t.record_id]))
     write_text(out / f"trajectories_{tag}.txt", "\n\n".join(shown) + "\n")
+    if reusable:
+        _record(cfg, tag, evaluation_key(cfg, ws, split or cfg.eval.split, weights))
     return result
 
 

@@ -12,25 +12,26 @@ from accelerate import PartialState
 from agentr1.config import TRAIN_STAGES, Config, ConfigError
 from agentr1.evaluate import EvalResult
 from agentr1.metrics import HEADLINE_KEYS
-from agentr1.recipe.evaluation import run_eval, stage_baselines
+from agentr1.recipe.evaluation import evaluate_dir, run_eval, stage_baselines
 from agentr1.recipe.outputs import final_selection, write_final_policy, write_history, write_summary
 from agentr1.recipe.ppo import check_dev_split, train_ppo
 from agentr1.recipe.warmup import check_demonstrable, finished_warmup, warmup
 from agentr1.recipe.workspace import MetricsFn, Workspace, load_policy
 from agentr1.rl.distributed import launched_processes
-from agentr1.rundir import FINAL_DIR, WARMUP_DIR, claim_run_dir
+from agentr1.rundir import FINAL_DIR, WARMUP_DIR, claim_run_dir, weights_digest
 
 log = logging.getLogger("agentr1.train")
 
 
 def stage_warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None) -> EvalResult:
     """Warm up (unless a finished warm-up of this configuration is there) and evaluate it."""
+    warm_dir = Path(cfg.output_dir) / WARMUP_DIR
     if finished_warmup(cfg):
-        log.info("reusing the warm-up checkpoint in %s", Path(cfg.output_dir) / WARMUP_DIR)
-        model, tokenizer, chat = load_policy(ws, Path(cfg.output_dir) / WARMUP_DIR)
+        log.info("reusing the warm-up checkpoint in %s", warm_dir)
+        model, tokenizer, chat = load_policy(ws, warm_dir)
     else:
         model, tokenizer, chat = warmup(cfg, ws, log_metrics)
-    return run_eval(cfg, ws, model, tokenizer, chat, "warmup")
+    return run_eval(cfg, ws, model, tokenizer, chat, "warmup", weights=weights_digest(warm_dir))
 
 
 def stage_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None) -> list[dict]:
@@ -46,7 +47,7 @@ def stage_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None) 
 def stage_evaluate(cfg: Config, ws: Workspace) -> dict:
     """Evaluate final/: test metrics before (warm-up) and after PPO, for summary.json."""
     out = Path(cfg.output_dir)
-    after = run_eval(cfg, ws, *load_policy(ws, out / FINAL_DIR), "final")
+    after = evaluate_dir(cfg, ws, out / FINAL_DIR, "final")
     before = json.loads((out / "eval_warmup.json").read_text())
     summary = {"warmup": before, "final": after.metrics, "output_dir": str(out),
                "selected": final_selection(out / FINAL_DIR),
