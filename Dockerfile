@@ -34,6 +34,7 @@ RUN if ! echo ",$EXTRAS," | grep -q ",gpu,"; then pip install --no-cache-dir "$T
 COPY pyproject.toml README.md ./
 COPY agentr1 agentr1
 COPY models models
+COPY adapters adapters
 COPY tasks tasks
 COPY flows flows
 COPY cli cli
