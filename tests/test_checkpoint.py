@@ -19,7 +19,7 @@ from agentr1.rl.optim import MuonWithAdamW, muon_groups
 
 REPO = Path(__file__).resolve().parents[1]
 # The packages whose code may load a checkpoint a user was handed.
-LOADING_PACKAGES = ("agentr1", "tasks", "flows", "models")
+LOADING_PACKAGES = ("agentr1", "adapters", "tasks", "flows", "models")
 
 
 class _Tiny(nn.Module):
