@@ -60,17 +60,17 @@ def evaluate_dir(cfg: Config, ws: Workspace, policy_dir: str | Path, tag: str, s
             log.info("evaluation %s: the same weights as %s (sha256 %s) on the same data: its results reused", tag,
                      earlier, key["weights"][:12])
             return EvalResult(metrics, {})
-    return run_eval(cfg, ws, *load_policy(ws, Path(policy_dir)), tag, split, weights=key["weights"])
+    return run_eval(cfg, ws, *load_policy(ws, Path(policy_dir)), tag, split, key=key)
 
 
 def run_eval(cfg: Config, ws: Workspace, model, tokenizer, chat, tag: str, split: str | None = None,
-             engine: RolloutEngine | None = None, weights: str | None = None) -> EvalResult:
+             engine: RolloutEngine | None = None, key: dict | None = None) -> EvalResult:
     """Evaluate greedy and sampled on a split; writes eval_{tag}.json and trajectories_{tag}.txt.
-    ``engine`` replaces the default one (e.g. :func:`naive_rag_engine`'s). ``weights``: the
-    digest of the policy's saved weights (:func:`agentr1.rundir.weights_digest`), recorded so a
-    later tag of the same weights reuses this evaluation (:func:`evaluate_dir`)."""
+    ``engine`` replaces the default one (e.g. :func:`naive_rag_engine`'s). ``key``: what the
+    evaluation played (:func:`evaluation_key` of the policy's saved weights), recorded so a later
+    tag of the same weights on the same data reuses it (:func:`evaluate_dir`)."""
     records = eval_records(cfg, ws, split)
-    reusable = weights is not None and engine is None  # another engine (naive RAG) plays other episodes
+    reusable = key is not None and engine is None  # another engine (naive RAG) plays other episodes
     engine = engine or make_engine(cfg, ws.env, model, tokenizer, chat, ws.device)
     temp = cfg.eval.sampled_temperature or cfg.rollout.temperature
     result = evaluate(engine, records, seed=cfg.seed + 12_345, sampled_temperature=temp,
@@ -85,7 +85,7 @@ def run_eval(cfg: Config, ws: Workspace, model, tokenizer, chat, tag: str, split
             shown.append(f"## {mode}\n" + render_trajectory(t, tokenizer, questions[t.record_id]))
     write_text(out / f"trajectories_{tag}.txt", "\n\n".join(shown) + "\n")
     if reusable:
-        _record(cfg, tag, evaluation_key(cfg, ws, split or cfg.eval.split, weights))
+        _record(cfg, tag, key)
     return result
 
 

@@ -12,7 +12,7 @@ from accelerate import PartialState
 from agentr1.config import TRAIN_STAGES, Config, ConfigError
 from agentr1.evaluate import EvalResult
 from agentr1.metrics import HEADLINE_KEYS
-from agentr1.recipe.evaluation import evaluate_dir, run_eval, stage_baselines
+from agentr1.recipe.evaluation import evaluate_dir, evaluation_key, run_eval, stage_baselines
 from agentr1.recipe.outputs import final_selection, write_final_policy, write_history, write_summary
 from agentr1.recipe.ppo import check_dev_split, train_ppo
 from agentr1.recipe.warmup import check_demonstrable, finished_warmup, warmup
@@ -31,7 +31,8 @@ def stage_warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = Non
         model, tokenizer, chat = load_policy(ws, warm_dir)
     else:
         model, tokenizer, chat = warmup(cfg, ws, log_metrics)
-    return run_eval(cfg, ws, model, tokenizer, chat, "warmup", weights=weights_digest(warm_dir))
+    return run_eval(cfg, ws, model, tokenizer, chat, "warmup",
+                    key=evaluation_key(cfg, ws, cfg.eval.split, weights_digest(warm_dir)))
 
 
 def stage_ppo(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None) -> list[dict]:
