@@ -38,7 +38,7 @@ class SynthConfig(_Section):
     n_dev: int = Field(200, ge=1)
     n_test: int = Field(300, ge=1)
     names: Literal["rich", "small"] = "small"
-    """Name inventory (agentr1.data.synth.NAME_INVENTORIES): "small" names are few, frequent
+    """Name inventory (agentr1.env.qa.synth.NAME_INVENTORIES): "small" names are few, frequent
     syllable tokens that a tiny model learns to copy within a CPU budget."""
 
 

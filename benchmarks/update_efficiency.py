@@ -37,7 +37,7 @@ import time
 import torch
 
 from agentr1.config import load_config
-from agentr1.data.synth import generate
+from agentr1.env.qa.synth import generate
 from agentr1.episode import Trajectory
 from agentr1.recipe.ppo import ppo_hyper
 from agentr1.device import native_bf16

@@ -5,7 +5,7 @@ Both sides, one after the other in one process, get:
 - the **same model**: the policy of one warm-up checkpoint of the config's from-scratch Qwen2
   (``--checkpoint DIR``; by default the default run's ``runs/default/warmup``, else a short
   warm-up trained here and kept for later runs), loaded fresh for each side;
-- the **same environment**: this project's :class:`~agentr1.env.qa_env.QAEnv` (BM25 search over
+- the **same environment**: this project's :class:`~agentr1.env.qa.env.QAEnv` (BM25 search over
   ``data/corpus.jsonl``, the same reward rules); TRL reaches it through ``environment_factory``
   (a ``search(query)`` tool that steps the same env with the same tool-call text) and a reward
   function that ends the episode with the final answer;

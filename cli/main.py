@@ -80,14 +80,14 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     if args.kind == "sql":  # the same questions over an SQLite database (written beside the corpus)
-        from agentr1.env.sql_synth import generate, sql_stats
+        from agentr1.env.sql.synth import generate, sql_stats
 
         splits, corpus, files = generate(args.seed, args.n_train, args.n_dev, args.n_test, args.hop_weights,
                                          names=args.names)
         write_dataset(args.out, splits, corpus, files=files)
         stats = sql_stats(splits, corpus, files)
     elif args.kind == "qa":
-        from agentr1.data.synth import dataset_stats, generate
+        from agentr1.env.qa.synth import dataset_stats, generate
 
         splits, corpus = generate(args.seed, args.n_train, args.n_dev, args.n_test, args.hop_weights, names=args.names)
         write_dataset(args.out, splits, corpus)
@@ -112,7 +112,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
 
 def cmd_data_convert(args: argparse.Namespace) -> int:
     from agentr1.config import DataSource
-    from agentr1.data.convert import DEFAULT_DEV_FRACTION, check_fractions
+    from agentr1.data.splits import DEFAULT_DEV_FRACTION, check_fractions
     from agentr1.env.datasets import convert_to_dataset
 
     fractions = None
@@ -136,7 +136,7 @@ def cmd_data_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_data_retrieval_eval(args: argparse.Namespace) -> int:
-    from agentr1.env.retrieval_eval import retrieval_eval
+    from agentr1.env.qa.retrieval_eval import retrieval_eval
 
     print_json(retrieval_eval(args.data, args.split, args.k, args.cache_dir))
     return EXIT_OK
@@ -172,7 +172,7 @@ def cmd_data_validate(args: argparse.Namespace) -> int:
 
 
 def _add_data(subparsers: argparse._SubParsersAction) -> None:
-    from agentr1.data.convert import DEFAULT_DEV_FRACTION, DEFAULT_SPLIT
+    from agentr1.data.splits import DEFAULT_DEV_FRACTION, DEFAULT_SPLIT
     from agentr1.env.registry import data_formats
 
     data = subparsers.add_parser("data", help="build, convert and inspect QA datasets")
@@ -194,7 +194,7 @@ def _add_data(subparsers: argparse._SubParsersAction) -> None:
     synth.add_argument("--n-test", type=int, default=defaults.n_test, help="default: %(default)s")
     synth.add_argument("--hop-weights", type=_parse_weights, default=DEFAULT_HOP_WEIGHTS,
                        help="shares of 1,2,3-hop questions (default: " + ",".join(map(str, DEFAULT_HOP_WEIGHTS)) + ")")
-    # The choices come from the config schema, not agentr1.data.synth: importing the generator
+    # The choices come from the config schema, not agentr1.env.qa.synth: importing the generator
     # (and bm25s through it) would add ~0.3 s to every command's start-up.
     synth.add_argument("--names", choices=get_args(SynthConfig.model_fields["names"].annotation),
                        default=defaults.names,
@@ -242,7 +242,7 @@ def _add_data(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from agentr1.env.search import SearchIndex
+    from agentr1.env.qa.search import SearchIndex
 
     index = SearchIndex.from_data_dir(args.data, args.cache_dir)
     for hit in index.search(args.query, args.k):

@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentr1.config import Config, Estimator, load_config
 from agentr1.env.registry import resolve
-from agentr1.data.convert import DEFAULT_DEV_FRACTION, DEFAULT_TEST_FRACTION, SOURCE_KINDS, SYNTHETIC
+from agentr1.data.splits import DEFAULT_DEV_FRACTION, DEFAULT_TEST_FRACTION, SYNTHETIC
+from agentr1.env.qa.convert import SOURCE_KINDS
 from agentr1.errors import NotFound
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

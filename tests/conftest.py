@@ -91,11 +91,11 @@ def prefect_api():
 def rollout_world(tmp_path_factory) -> dict:
     """A 69-question synthetic world with its search environment, a 600-token tokenizer
     trained on it and the chat format: everything a rollout needs but the model."""
-    from agentr1.data import synth
+    from agentr1.env.qa import synth
     from agentr1.config import EnvConfig, RewardConfig
-    from agentr1.env.qa_env import EnvSettings, QAEnv
+    from agentr1.env.qa.env import EnvSettings, QAEnv
     from agentr1.env.rewards import RewardWeights
-    from agentr1.env.search import SearchIndex
+    from agentr1.env.qa.search import SearchIndex
     from models.chat import ChatFormat
     from models.tokenizer import build_tokenizer
 

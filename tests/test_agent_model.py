@@ -106,7 +106,7 @@ def test_transcript_pairs_each_call_with_its_result_and_reads_the_answer():
     from agentr1.config import EnvConfig, RewardConfig
     from agentr1.env.base import EnvSettings, ToolEnv
     from agentr1.env.rewards import RewardWeights
-    from agentr1.env.search import SearchTool
+    from agentr1.env.qa.search import SearchTool
     from agentr1.env.tools import Tool
 
     # The environment's parser is all a transcript needs: the search tool's schema, no index.

@@ -6,15 +6,15 @@ from collections import defaultdict
 
 import pytest
 
-from agentr1.data import synth
+from agentr1.env.qa import synth
 from agentr1.env import agents
 from agentr1.env.agents import ExpertNoise, NoisyExpertAgent, OracleAgent
 from agentr1.env.episodes import chat_messages, run_episode, run_episodes
 from agentr1.env.protocol import TOOL_RESPONSE_START, parse_turn
 from agentr1.config import EnvConfig, RewardConfig
-from agentr1.env.qa_env import EnvSettings, QAEnv
+from agentr1.env.qa.env import EnvSettings, QAEnv
 from agentr1.env.rewards import RewardWeights
-from agentr1.env.search import SearchIndex
+from agentr1.env.qa.search import SearchIndex
 
 CLEAN = ExpertNoise(stop_short_3hop=0.0, distractor=0.0, malformed=0.0)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agentr1.config import DataSource
-from agentr1.data.convert import convert, doc_id
+from agentr1.env.qa.convert import convert, doc_id
 from agentr1.env.datasets import convert_to_dataset
 from agentr1.data.records import DataError, load_dataset
 
@@ -187,7 +187,7 @@ def test_convert_to_dataset_writes_a_loadable_split(tmp_path):
 @needs_real
 def test_cli_convert_splits_train_dev_test_by_id_hash_as_the_pipeline_does(tmp_path, capsys):
     from cli.main import main
-    from agentr1.data.convert import split_of
+    from agentr1.data.splits import split_of
 
     args = ["data", "convert", "--format", "hotpotqa", "--input", str(HOTPOT)]
     assert main([*args, "--out", str(tmp_path / "ds"), "--test-fraction", "0.2", "--dev-fraction", "0.1"]) == 0

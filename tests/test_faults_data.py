@@ -29,7 +29,7 @@ from agentr1.config import load_config
 from agentr1.data.generated import write_dataset
 from agentr1.data.records import (MARKER_FILE, MAX_FIELD_CHARS, MAX_HOPS, MAX_LINE_BYTES, DataErrors, check_dataset,
                                   raise_errors)
-from agentr1.data.synth import generate
+from agentr1.env.qa.synth import generate
 from adapters import validation as V
 from tasks.data import dataset_reports
 from tasks.params import DataSource

@@ -19,7 +19,7 @@ from test_convert import HOTPOT_RECORD
 from test_trainer import TINY
 
 from agentr1.config import ConfigError, load_config
-from agentr1.data.convert import split_of
+from agentr1.data.splits import split_of
 from agentr1.data.records import load_dataset
 from agentr1.errors import NotFound
 from agentr1.recipe.ppo import PPOSession

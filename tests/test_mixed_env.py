@@ -1,4 +1,4 @@
-"""The mixed environment (agentr1/env/mixed_env.py): search and sql in one episode, an oracle
+"""The mixed environment (agentr1/env/mixed/env.py): search and sql in one episode, an oracle
 at EM 1.0, process rewards for a supporting document and for an sql hop's value."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from collections import Counter
 import pytest
 
 from agentr1.config import Config
-from agentr1.env.mixed_synth import generate
+from agentr1.env.mixed.synth import generate
 from agentr1.data.generated import write_dataset
 from agentr1.env.episodes import run_episodes
-from agentr1.env.mixed_env import oracle
+from agentr1.env.mixed.env import oracle
 from agentr1.env.protocol import format_call
 from agentr1.env.registry import build_env
 

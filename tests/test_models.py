@@ -30,7 +30,7 @@ from models import (
     save_actor_critic,
 )
 from agentr1.config import ModelConfig
-from agentr1.env.search import SearchTool
+from agentr1.env.qa.search import SearchTool
 from agentr1.env.tools import Tool
 from models.catalog import BUILD_FILE
 from models.tokenizer import MAX_CAPITALISED_TOKEN
@@ -535,7 +535,7 @@ def test_baselines_of_a_pretrained_model_are_played_like_the_agent(qwen_dir, tmp
     written beside the agent's evaluations; a from-scratch model has no such baseline."""
     from agentr1.config import ConfigError, load_config
     from agentr1.env.protocol import format_tool_call
-    from agentr1.env.qa_env import SYSTEM_PROMPT as QA_SYSTEM_PROMPT
+    from agentr1.env.qa.env import SYSTEM_PROMPT as QA_SYSTEM_PROMPT
     from agentr1.recipe.stages import train
     from agentr1.recipe.workspace import Workspace
 

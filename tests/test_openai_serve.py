@@ -94,7 +94,7 @@ def server(request, tmp_path_factory):
                  "sft.value_fit_episodes=0", "sft.expert.stop_short_3hop=0", "sft.expert.distractor=0",
                  "sft.expert.malformed=0", "rollout.backend=hf", "device=cpu"]
     if request.param == "pretrained":
-        from agentr1.data.synth import generate
+        from agentr1.env.qa.synth import generate
         from test_models import make_tiny_qwen
 
         splits, corpus = generate(0, n_train=400, n_dev=4, n_test=16, names="small")

@@ -28,7 +28,7 @@ from agentr1.env.protocol import (
     format_tool_response,
 )
 from agentr1.env.protocol import parse_turn as parse_any
-from agentr1.env.search import SearchTool
+from agentr1.env.qa.search import SearchTool
 from agentr1.env.tools import Tool
 
 # The search tool's schema, derived from its signature and docstring (no index needed for that).

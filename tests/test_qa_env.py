@@ -10,9 +10,9 @@ import pytest
 from agentr1.data.records import Document, QARecord
 from agentr1.env.protocol import format_answer, format_tool_call
 from agentr1.config import EnvConfig, RewardConfig
-from agentr1.env.qa_env import EnvSettings, QAEnv, StepResult
+from agentr1.env.qa.env import EnvSettings, QAEnv, StepResult
 from agentr1.env.rewards import FORMAT_FLOOR, RewardWeights
-from agentr1.env.search import Hit, format_hits
+from agentr1.env.qa.search import Hit, format_hits
 
 DOCS = [
     Document("d_film", "Zora Vell", "Zora Vell is a film directed by Pell Kam and produced by Ruta Sim."),

@@ -24,12 +24,12 @@ import pytest
 from agentr1.config import EnvConfig, RewardConfig
 from agentr1.data.generated import write_dataset
 from agentr1.data.records import QARecord
-from agentr1.env.sql_synth import generate
+from agentr1.env.sql.synth import generate
 from agentr1.env.base import EnvSettings, ToolEnv
 from agentr1.env.protocol import format_call
 from agentr1.env.rewards import RewardWeights
 from agentr1.env.sandbox import SandboxedTool, SandboxError, SandboxLimits
-from agentr1.env.sql import DB_FILE, SQLTool
+from agentr1.env.sql.tool import DB_FILE, SQLTool
 from agentr1.env.tools import Tool
 
 LIMITS = SandboxLimits(wall_s=3.0, cpu_s=0.5, memory_mb=128, disk_mb=1, output_chars=1000)
@@ -612,7 +612,7 @@ def test_a_factory_tool_over_a_relative_data_dir_works_in_its_worker(tmp_path, m
     database (it failed with 'the SQL tool's database is missing')."""
     from agentr1.config import load_config
     from agentr1.data.generated import write_dataset
-    from agentr1.env.sql_synth import generate
+    from agentr1.env.sql.synth import generate
     from agentr1.env.registry import build_env, resolve
 
     splits, corpus, files = generate(0, 8, 2, 2)

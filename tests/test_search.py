@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import Stemmer
 
-import agentr1.env.search as search
+import agentr1.env.qa.search as search
 from agentr1.data.generated import write_dataset
 from agentr1.data.records import Document, QARecord
-from agentr1.env.search import Hit, SearchIndex, format_hits
+from agentr1.env.qa.search import Hit, SearchIndex, format_hits
 
 DOCS = [
     Document("a", "Kelmora", "Kelmora is a city in Vostan. Kelmora has a busy harbour."),

@@ -1,4 +1,4 @@
-"""The sql tool (agentr1/env/sql.py): read-only, bounded, errors as observations; and the fuzz
+"""The sql tool (agentr1/env/sql/tool.py): read-only, bounded, errors as observations; and the fuzz
 test of the issue: >= 10,000 hostile queries through the environment's step_batch leave the
 database file as it was, stop within their step budget, and never raise."""
 from __future__ import annotations
@@ -14,12 +14,12 @@ import pytest
 from agentr1.config import EnvConfig, RewardConfig
 from agentr1.data.generated import write_dataset
 from agentr1.data.records import QARecord
-from agentr1.env.sql_synth import TABLES, generate
+from agentr1.env.sql.synth import TABLES, generate
 from agentr1.env.base import EnvSettings
 from agentr1.env.protocol import format_call
 from agentr1.env.rewards import RewardWeights
-from agentr1.env.sql import DB_FILE, MAX_VALUE_BYTES, SQLTool
-from agentr1.env.sql_env import SQLEnv
+from agentr1.env.sql.tool import DB_FILE, MAX_VALUE_BYTES, SQLTool
+from agentr1.env.sql.env import SQLEnv
 from agentr1.env.tools import Tool, ToolError
 
 FUZZ_QUERIES = 10_000

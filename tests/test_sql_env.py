@@ -1,4 +1,4 @@
-"""The SQL world (agentr1/env/sql_synth.py) and the ``sql`` environment (agentr1/env/sql_env.py):
+"""The SQL world (agentr1/env/sql/synth.py) and the ``sql`` environment (agentr1/env/sql/env.py):
 deterministic data whose gold queries chain, an oracle at EM 1.0, an expert that is wrong in
 systematic ways, process rewards on gold-chain values."""
 from __future__ import annotations
@@ -11,13 +11,13 @@ import pytest
 from agentr1.config import Config
 from agentr1.data.generated import write_dataset
 from agentr1.data.records import DataError, QARecord, load_dataset
-from agentr1.env.sql_synth import SQL_RELATIONS, generate
+from agentr1.env.sql.synth import SQL_RELATIONS, generate
 from agentr1.env.agents import ExpertNoise
 from agentr1.env.episodes import run_episodes
 from agentr1.env.protocol import format_answer, format_call
 from agentr1.env.registry import build_env
-from agentr1.env.sql import DB_FILE
-from agentr1.env.sql_env import SQLEnv, SQLExpertAgent, oracle
+from agentr1.env.sql.tool import DB_FILE
+from agentr1.env.sql.env import SQLEnv, SQLExpertAgent, oracle
 
 
 @pytest.fixture(scope="module")

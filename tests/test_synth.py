@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from agentr1.data import synth
+from agentr1.env.qa import synth
 from agentr1.data.records import to_jsonl
-from agentr1.data.synth import (
+from agentr1.env.qa.synth import (
     DOC_TEMPLATES,
     MAIN_RELATIONS,
     dataset_stats,
@@ -17,7 +17,7 @@ from agentr1.data.synth import (
     majority_baseline_em,
     relation_paths,
 )
-from agentr1.env.search import SearchIndex
+from agentr1.env.qa.search import SearchIndex
 
 SMALL = dict(n_train=200, n_dev=20, n_test=30)
 PLAIN_TEXT = re.compile(r"^[A-Za-z ,.?]+$")

@@ -13,10 +13,10 @@ from agentr1.data.records import DataError, Document, QARecord
 from agentr1.env.base import EnvSettings, ToolEnv
 from agentr1.env.episodes import run_episodes
 from agentr1.env.protocol import format_answer, format_call
-from agentr1.env.qa_env import QAEnv
+from agentr1.env.qa.env import QAEnv
 from agentr1.env.registry import RegistryError, build_env, resolve
 from agentr1.env.rewards import RewardWeights
-from agentr1.env.search import SearchIndex
+from agentr1.env.qa.search import SearchIndex
 from agentr1.env.tools import Tool, ToolDefinitionError, ToolError
 
 
@@ -298,7 +298,7 @@ def test_a_plugin_names_its_failing_line_and_a_replaced_tool_is_said(tmp_path, c
     with caplog.at_level(logging.WARNING, logger="agentr1.plugins"):
         resolve(load_config(None, [f"plugins=[{shadow}]"]))
     assert "tool 'sql' from agentr1_plugin_shadow_plugin:my_sql replaces the registered tool 'sql' " \
-           "(agentr1.env.sql:sql_tool)" in caplog.text
+           "(agentr1.env.sql.tool:sql_tool)" in caplog.text
 
 
 @pytest.mark.parametrize("returned, said", [

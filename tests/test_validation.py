@@ -11,7 +11,7 @@ import pytest
 
 from agentr1.data import records as R
 from agentr1.data.generated import write_dataset
-from agentr1.data.synth import generate
+from agentr1.env.qa.synth import generate
 from agentr1.rollout import store
 from adapters import validation as V
 from test_store import make_trajectories

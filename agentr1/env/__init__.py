@@ -1,11 +1,14 @@
-"""The agent's world: environments, tools, the tool-call protocol, rewards, scripted agents.
+"""The agent's world: the environment framework, and one package per built-in environment kind.
 
-Modules: ``base`` (the Environment interface; ToolEnv, the tool-use environment), ``tools``
-(typed Python callables as tools: schema, argument checks, contained failures), ``registry``
-(environments and tools by name: ``env.kind``, ``env.tools``, plug-ins), ``protocol``
-(parse/format turns), ``search`` (BM25 index, the search tool), ``qa_env`` (QAEnv: multi-hop QA
-over search), ``rewards`` (answer metrics, reward weights), ``agents`` (oracle / noisy expert /
-gold-calls demonstrators, run_episodes).
+The framework: ``base`` (the Environment interface; ToolEnv, the tool-use environment),
+``tools`` (typed Python callables as tools: schema, argument checks, contained failures),
+``kind`` (what a kind and a tool declare), ``registry`` (environments and tools by name:
+``env.kind``, ``env.tools``, plug-ins), ``datasets`` (making a dataset through a kind's
+converters), ``protocol`` (parse/format turns), ``rewards`` (answer metrics, reward weights),
+``agents`` (oracle / noisy expert / gold-calls demonstrators, run_episodes), ``sandbox``
+(tool workers), ``mcp`` (MCP servers' tools).
+The kinds, each one folder with its environment, tools, generator, converters and record rules:
+``qa``, ``sql``, ``mixed``, ``function_call``, ``math_tool``.
 Only the light modules are re-exported here, so ``import agentr1.env.protocol`` does not
 pull in the search backend.
 """

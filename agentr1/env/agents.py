@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection, Protocol, Sequence
 
 from agentr1.data.records import QARecord
-from agentr1.data.synth import extract_relation
+from agentr1.env.qa.synth import extract_relation
 from agentr1.env.protocol import (
     SEARCH_TOOL_NAME,
     TOOL_CALL_END,

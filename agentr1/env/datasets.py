@@ -6,9 +6,8 @@ records into its split, a share of them into ``dev`` by a hash of the record id)
 :func:`write_converted` writes the result with the kind it is for recorded in the dataset's
 marker, which ``agentr1 data validate`` reads and a run checks against its ``env.kind``.
 ``agentr1 data convert`` converts one input (:func:`convert_to_dataset`), into one split or into
-train/dev/test by the id hash. The converters of the qa kind (HotpotQA, MuSiQue) live in
-``agentr1.data.convert``; :func:`convert_hotpotqa` and :func:`convert_musique` give them the
-converters' signature.
+train/dev/test by the id hash (``agentr1.data.splits``). Each kind's converters live in its
+package (``agentr1.env.qa.convert``, ``agentr1.env.math_tool.convert``, ...).
 """
 from __future__ import annotations
 
@@ -16,24 +15,10 @@ import os
 from dataclasses import dataclass
 
 from agentr1.config import DataSource
-from agentr1.data.convert import DEFAULT_SPLIT, check_fractions, convert, split_of
+from agentr1.data.splits import DEFAULT_SPLIT, check_fractions, split_of
 from agentr1.data.generated import write_dataset
 from agentr1.data.records import DataError, Document, QARecord
 from agentr1.env.registry import converter
-
-
-def convert_hotpotqa(source: DataSource) -> tuple[list[QARecord], list[Document], dict[str, int]]:
-    return (*convert("hotpotqa", _input(source)), {})
-
-
-def convert_musique(source: DataSource) -> tuple[list[QARecord], list[Document], dict[str, int]]:
-    return (*convert("musique", _input(source)), {})
-
-
-def _input(source: DataSource) -> str:
-    if source.input is None:
-        raise DataError("data.sources", None, "input", f"format {source.format!r} converts a file: give its path")
-    return source.input
 
 
 @dataclass
@@ -106,5 +91,4 @@ def convert_to_dataset(source: DataSource, out_dir: str | os.PathLike,
     return write_converted(convert_sources([source], fractions), out_dir)
 
 
-__all__ = ["DEFAULT_SPLIT", "Converted", "convert_hotpotqa", "convert_musique", "convert_sources",
-           "convert_to_dataset", "write_converted"]
+__all__ = ["DEFAULT_SPLIT", "Converted", "convert_sources", "convert_to_dataset", "write_converted"]

@@ -5,7 +5,8 @@ generator included), ``sql`` (the same questions over an SQLite database with th
 generator included), ``mixed`` (both tools in one episode), ``tools`` (any registered tools, demonstrations from each record's gold
 calls), ``function_call`` (BFCL: each record's own functions, one call judged by BFCL's checker) and
 ``math_tool`` (word problems with the ``calculate`` tool), and the tools ``search``, ``sql`` and
-``calculate``. A kind may name converters from input formats (``data.sources``,
+``calculate``, each declared by its kind's package (``agentr1.env.qa``, ...; the records are
+``agentr1.env.kind``'s). A kind may name converters from input formats (``data.sources``,
 ``agentr1 data convert``): ``agentr1.env.datasets`` makes every dataset through them. A user's module registers more without touching ``agentr1/``::
 
     from agentr1.env.registry import register_tool
@@ -30,11 +31,13 @@ import importlib
 import importlib.util
 import logging
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from agentr1.env import function_call, math_tool, mixed, qa, sql
+from agentr1.env.kind import GOLD_CALLS_RULE, EnvKind, RecordRule, ToolEntry  # noqa: F401 (RecordRule: plug-ins' import)
 from agentr1.errors import UserError
 
 log = logging.getLogger("agentr1.plugins")
@@ -45,129 +48,14 @@ if TYPE_CHECKING:
     from agentr1.env.tools import Tool
 
 
-@dataclass(frozen=True)
-class RecordRule:
-    """What a record of an environment kind must satisfy beyond the shared QA schema (the Great
-    Expectations suite ``env_<kind>`` checks it on the raw rows, ``adapters/validation.py``)."""
-
-    name: str
-    rule: str
-    """What must hold, in words."""
-    field: str
-    """The field a person fixes."""
-    problems: Callable[[dict], int]
-    """How many problems a raw JSON row has (0: it holds)."""
-    splits: tuple[str, ...] = ("train",)
-    """The splits it applies to (demonstrations are played on train only)."""
-
-
-def _has_chain_or_support(row: dict) -> int:
-    return int(not (row.get("chain") or row.get("supporting_docs")))
-
-
-def _gold_calls_problems(row: dict) -> int:
-    calls = row.get("calls")
-    if not isinstance(calls, list) or not calls:
-        return 1
-    return sum(not (isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("arguments"), dict))
-               for c in calls)
-
-
-def _chain_or_calls(row: dict) -> int:
-    return int(not row.get("chain") and _gold_calls_problems(row) > 0)
-
-
-def _gold_values_problems(row: dict) -> int:
-    values = row.get("gold_values")
-    if not isinstance(values, list) or not values:
-        return 1
-    return sum(not (isinstance(v, str) and v.strip()) for v in values)
-
-
-def _bfcl_problems(row: dict) -> int:
-    return sum(key not in row for key in ("functions", "ground_truth", "category"))
-
-
-GOLD_CALLS_RULE = RecordRule("gold_calls", 'a train record has gold calls: "calls": [{"name": <tool>, '
-                             '"arguments": {...}}, ...], which the warm-up demonstrates', "calls", _gold_calls_problems)
-
-
-@dataclass(frozen=True)
-class EnvKind:
-    name: str
-    build: Callable[..., Environment] | str
-    """``build(cfg, data_dir, tools)``, or "module:function" resolved on first use (built-ins stay
-    unimported until a run needs them)."""
-    tools: tuple[str, ...] = ()
-    """Registered tools the environment always has (beside the config's ``env.tools``; ``qa``
-    builds its search tool itself, over the index it also reads document titles from)."""
-    synth: Callable[[Config], tuple[dict, list]] | str | None = None
-    description: str = ""
-    record_rules: tuple[RecordRule, ...] = ()
-    converters: dict[str, Callable | str] = field(default_factory=dict)
-    """Input formats this kind's data is converted from (``data.sources``, ``agentr1 data convert
-    --format``): format -> ``convert(source: DataSource) -> (records, corpus, {reason: left out})``."""
-
-
-@dataclass(frozen=True)
-class ToolEntry:
-    name: str
-    make: Callable[..., Any] | str
-    """The tool callable, or with ``factory`` a ``factory(cfg, data_dir) -> callable``: ``data_dir`` is
-    the dataset directory, or a served model's copy of its resources (the same file names)."""
-    factory: bool = False
-    network: bool = False
-    """The tool opens sockets: its sandbox worker allows them."""
-
-
-_ENVS: dict[str, EnvKind] = {
-    "qa": EnvKind("qa", "agentr1.env.qa_env:build", (), "agentr1.data.synth:generate_from_config",
-                  "multi-hop QA: search a document collection, then answer",
-                  (RecordRule("demonstrable", "a train record has a relation chain (synthetic: chain) or supporting "
-                              "documents (converted data), so the warm-up can demonstrate it", "supporting_docs",
-                              _has_chain_or_support),),
-                  {"hotpotqa": "agentr1.env.datasets:convert_hotpotqa",
-                   "musique": "agentr1.env.datasets:convert_musique"}),
-    "sql": EnvKind("sql", "agentr1.env.sql_env:build", ("sql",), "agentr1.env.sql_synth:generate_from_config",
-                   "question answering over an SQLite database with the sql tool",
-                   (RecordRule("demonstrable", "a train record has a generated hop chain (meta.chain) or gold calls "
-                               "(meta.calls), so the warm-up can demonstrate it", "calls",
-                               _chain_or_calls),
-                    RecordRule("gold_values", "a record lists each hop's value (gold_values, strings), what the "
-                               "process reward looks for in query results", "gold_values", _gold_values_problems,
-                               ("train", "dev", "test")))),
-    "mixed": EnvKind("mixed", "agentr1.env.mixed_env:build", ("sql",), "agentr1.env.mixed_synth:generate_from_config",
-                     "questions whose hops need the search tool (films, companies) or the sql tool (people, "
-                     "cities) in one episode",
-                     (RecordRule("demonstrable", "a train record has a hop chain naming each hop's tool (meta.chain) "
-                                 "or gold calls (meta.calls)", "calls", _chain_or_calls),)),
-    "tools": EnvKind("tools", "agentr1.env.base:build_tool_env", (),
+TOOLS_KIND = EnvKind("tools", "agentr1.env.base:build_tool_env", (),
                      description="answer with any registered tools; demonstrations from each record's meta.calls",
-                     record_rules=(GOLD_CALLS_RULE,)),
-    "function_call": EnvKind("function_call", "agentr1.env.function_call.env:build",
-                             description="function calling: each record brings its functions, one call answers it, "
-                                         "judged by BFCL's checker",
-                             record_rules=(RecordRule("bfcl_fields", "a record carries its functions, its possible "
-                                                      "answers (ground_truth) and its BFCL category", "functions",
-                                                      _bfcl_problems, ("train", "dev", "test")),
-                                           GOLD_CALLS_RULE),
-                             converters={"bfcl": "agentr1.env.function_call.bfcl:convert"}),
-    "math_tool": EnvKind("math_tool", "agentr1.env.math_tool.env:build", ("calculate",),
-                         description="arithmetic word problems with the calculate tool, answered with a number",
-                         record_rules=(GOLD_CALLS_RULE,
-                                       RecordRule("gold_values", "a record lists its solution's step values "
-                                                  "(gold_values, strings), what the process reward looks for in "
-                                                  "results", "gold_values", _gold_values_problems,
-                                                  ("train", "dev", "test"))),
-                         converters={"svamp": "agentr1.env.math_tool.convert:convert_svamp",
-                                     "mawps": "agentr1.env.math_tool.convert:convert_mawps",
-                                     "gsm8k": "agentr1.env.math_tool.convert:convert_gsm8k"}),
-}
-_TOOLS: dict[str, ToolEntry] = {
-    "search": ToolEntry("search", "agentr1.env.search:search_tool", factory=True),
-    "sql": ToolEntry("sql", "agentr1.env.sql:sql_tool", factory=True),
-    "calculate": ToolEntry("calculate", "agentr1.env.math_tool.calculator:calculate"),
-}
+                     record_rules=(GOLD_CALLS_RULE,))
+"""The framework's own kind: any registered tools, each record's gold calls demonstrated."""
+
+_ENVS: dict[str, EnvKind] = {k.name: k for k in (qa.KIND, sql.KIND, mixed.KIND, TOOLS_KIND, function_call.KIND,
+                                                 math_tool.KIND)}
+_TOOLS: dict[str, ToolEntry] = {t.name: t for t in (*qa.TOOLS, *sql.TOOLS, *math_tool.TOOLS)}
 
 
 class RegistryError(UserError, ValueError):

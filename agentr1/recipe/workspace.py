@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from agentr1.config import Config, ConfigError, DataSource
-from agentr1.data.convert import DEFAULT_DEV_FRACTION, DEFAULT_TEST_FRACTION, SYNTHETIC
+from agentr1.data.splits import DEFAULT_DEV_FRACTION, DEFAULT_TEST_FRACTION, SYNTHETIC
 from agentr1.data.generated import dataset_kind, generation_needed, write_dataset
 from agentr1.data.records import DataError, QARecord, load_dataset, split_path
 from agentr1.device import native_bf16, resolve_device

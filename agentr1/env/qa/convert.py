@@ -1,4 +1,4 @@
-"""Converters from public multi-hop QA datasets to the shared record format.
+"""The ``qa`` kind's converters: public multi-hop QA datasets into the shared record format.
 
 - ``hotpotqa``: the distractor setting, in the original layout (``_id``, ``supporting_facts:
   [[title, sent_id]]``, ``context: [[title, [sentences]]]``) or the Hugging Face layout
@@ -11,10 +11,8 @@
 Input is a JSON list or JSON lines. The corpus is the pool of distinct paragraphs of all
 records (deduplicated by (title, text)), in order of first appearance; a paragraph's id is a
 short sha1 of its title and text, so the same paragraph gets the same id in every
-conversion. Every record goes into one split (``DEFAULT_SPLIT`` unless told otherwise), or,
-with dev/test fractions, into train/dev/test by a hash of its id (:func:`split_of`: stable,
-so adding records never moves old ones). The pipeline's data form, ``data.sources`` and
-``agentr1 data convert`` all write through ``agentr1.env.datasets``.
+conversion. Where the records go is ``agentr1.data.splits``' one rule; the pipeline's data
+form, ``data.sources`` and ``agentr1 data convert`` all write through ``agentr1.env.datasets``.
 """
 from __future__ import annotations
 
@@ -23,11 +21,14 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from agentr1.data.records import DataError, Document, QARecord, unencodable
+from agentr1.data.splits import SYNTHETIC
 
-DEFAULT_SPLIT = "dev"
+if TYPE_CHECKING:
+    from agentr1.config import DataSource
+
 DOC_ID_CHARS = 16
 HOTPOTQA_HOPS = 2
 _HOPS_PREFIX = re.compile(r"^(\d+)hop")
@@ -250,7 +251,6 @@ CONVERTERS: dict[str, Callable[[_Row, _Pool], QARecord | None]] = {
 }
 
 
-SYNTHETIC = "synthetic"
 SOURCE_KINDS = (SYNTHETIC, *sorted(CONVERTERS))
 """Where a dataset comes from: the environment's generator, or one of the converters."""
 
@@ -287,21 +287,17 @@ def convert(fmt: str, input_path: str | os.PathLike) -> tuple[list[QARecord], li
     return records, pool.docs
 
 
-HASH_BUCKETS = 10_000
-"""Resolution of the id-hash split of converted records."""
-DEFAULT_DEV_FRACTION = 0.1
-DEFAULT_TEST_FRACTION = 0.2
+# ---------------------------------------------------------------- the registry's signature
+
+def convert_hotpotqa(source: DataSource) -> tuple[list[QARecord], list[Document], dict[str, int]]:
+    return (*convert("hotpotqa", _input(source)), {})
 
 
-def split_of(record_id: str, dev_fraction: float, test_fraction: float) -> str:
-    """A stable split for a record id (a hash, so adding records never moves old ones)."""
-    bucket = int(hashlib.sha256(record_id.encode()).hexdigest(), 16) % HASH_BUCKETS / HASH_BUCKETS
-    if bucket < test_fraction:
-        return "test"
-    return "dev" if bucket < test_fraction + dev_fraction else "train"
+def convert_musique(source: DataSource) -> tuple[list[QARecord], list[Document], dict[str, int]]:
+    return (*convert("musique", _input(source)), {})
 
 
-def check_fractions(dev: float, test: float) -> None:
-    """Raise ValueError unless ``dev``/``test`` shares leave a train split."""
-    if not (0 <= dev < 1 and 0 < test < 1 and dev + test < 1):
-        raise ValueError(f"split fractions dev={dev}, test={test}: need 0 <= dev, 0 < test and dev + test < 1")
+def _input(source: DataSource) -> str:
+    if source.input is None:
+        raise DataError("data.sources", None, "input", f"format {source.format!r} converts a file: give its path")
+    return source.input

@@ -2,8 +2,8 @@
 
 The example of several tools in one episode. Where a fact lives follows its subject's kind, so
 a question says which tool each hop needs: facts about films and companies are stated in
-documents (``agentr1.data.synth``'s templates, a distractor relation in each), facts about
-people and cities are rows of the database (``agentr1.env.sql_synth``'s tables, a distractor
+documents (``agentr1.env.qa.synth``'s templates, a distractor relation in each), facts about
+people and cities are rows of the database (``agentr1.env.sql.synth``'s tables, a distractor
 column in each). "In which country was the director of Vemundur born?" is a search (the film's
 document names its director), then two queries (the director's birth city, that city's
 country). Every hop's value is fresh, a wrong value leads on through a document or row of its
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from agentr1.data.records import Document, QARecord
-from agentr1.env.sql_synth import (
+from agentr1.env.sql.synth import (
     TABLES,
     _hop_row,
     _paths,
@@ -27,7 +27,7 @@ from agentr1.env.sql_synth import (
     hop_query,
     schema_docs,
 )
-from agentr1.data.synth import (
+from agentr1.env.qa.synth import (
     DEFAULT_NAMES,
     LOOKALIKES_PER_QUESTION,
     SIZES,
@@ -43,7 +43,7 @@ from agentr1.data.synth import (
     synth_args,
 )
 from agentr1.env.protocol import SEARCH_TOOL_NAME
-from agentr1.env.sql import DB_FILE, SQL_TOOL_NAME
+from agentr1.env.sql.tool import DB_FILE, SQL_TOOL_NAME
 
 SOURCE = "mixed"
 DOCUMENT_KINDS = ("film", "company")

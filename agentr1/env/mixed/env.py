@@ -1,6 +1,6 @@
 """The ``mixed`` environment: one episode may search the documents and query the database.
 
-The example of several tools in one episode (``agentr1.env.mixed_synth``: film and company
+The example of several tools in one episode (``agentr1.env.mixed.synth``: film and company
 facts are documents, people and city facts are rows). ``MixedEnv`` is the QA environment (its
 ``search`` tool) with the ``sql`` tool beside it; a call earns ``process_new_support`` the first
 time its output holds a gold item of either kind: a supporting document's id (search hops) or a
@@ -18,11 +18,11 @@ from agentr1.data.records import DataError, QARecord
 from agentr1.env.agents import ExpertNoise, PerRecordAgent
 from agentr1.env.base import EnvSettings
 from agentr1.env.protocol import SEARCH_TOOL_NAME
-from agentr1.env.qa_env import QAEnv
+from agentr1.env.qa.env import QAEnv
 from agentr1.env.rewards import RewardWeights
-from agentr1.env.search import index_of
-from agentr1.env.sql import SQL_TOOL_NAME
-from agentr1.env.sql_env import SQLExpertAgent, _chain_problem, lookup_phrases, oracle  # noqa: F401 (oracle: the same)
+from agentr1.env.qa.search import index_of
+from agentr1.env.sql.tool import SQL_TOOL_NAME
+from agentr1.env.sql.env import SQLExpertAgent, _chain_problem, lookup_phrases, oracle  # noqa: F401 (oracle: the same)
 from agentr1.env.tools import Tool
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class MixedEnv(QAEnv):
                 sql_hops = [h for h in chain if h["tool"] == SQL_TOOL_NAME]
                 problem = _chain_problem(sql_hops) if sql_hops else None
             if problem:
-                raise DataError(path, line, "chain", f"record {record.id!r}: {problem} (agentr1.env.mixed_synth)")
+                raise DataError(path, line, "chain", f"record {record.id!r}: {problem} (agentr1.env.mixed.synth)")
 
     def gold_calls(self, record: QARecord) -> list[dict] | None:
         calls = record.meta.get("calls")

@@ -21,7 +21,7 @@ from agentr1.data.records import DataError, QARecord
 from agentr1.env.base import END_ANSWER, END_MAX_TURNS, EnvSettings, EpisodeState, StepResult, ToolEnv
 from agentr1.env.protocol import SEARCH_TOOL_NAME
 from agentr1.env.rewards import RewardWeights
-from agentr1.env.search import NO_RESULTS, SearchIndex, SearchTool, index_of
+from agentr1.env.qa.search import NO_RESULTS, SearchIndex, SearchTool, index_of
 from agentr1.env.tools import Tool
 
 if TYPE_CHECKING:

@@ -1,14 +1,14 @@
 """The ``sql`` environment: answer a question by querying the dataset's SQLite database.
 
 ``SQLEnv`` is the tool-use environment (``agentr1.env.base.ToolEnv``: parsing, rewards, episode
-metrics) with the ``sql`` tool (``agentr1.env.sql``) and any extra ``env.tools``. Rewards:
+metrics) with the ``sql`` tool (``agentr1.env.sql.tool``) and any extra ``env.tools``. Rewards:
 ``process_valid_call`` for a query that ran, ``process_new_support`` the first time a result
 shows a value of the record's gold chain (``meta["gold_values"]``: each hop's value, the answer
 last), the bad-call penalty for a malformed call or a query SQLite refused, and the outcome
 (EM/F1) of the answer, as in QA.
 
 Demonstrations (``demonstrator``): on generated questions (``meta["chain"]``,
-``agentr1.env.sql_synth``) a scripted expert that writes each hop's look-up with the value it
+``agentr1.env.sql.synth``) a scripted expert that writes each hop's look-up with the value it
 read from the previous result, with the QA expert's systematic mistakes
 (``agents.ExpertNoise``): usually one hop short on 3-hop questions, sometimes the distractor
 column (``producer`` for ``director``; the wrong value leads on through its own row),
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from agentr1.data.records import DataError, QARecord
-from agentr1.env.sql_synth import TABLES, lookup_query, schema_docs
+from agentr1.env.sql.synth import TABLES, lookup_query, schema_docs
 from agentr1.env.agents import (
     UNKNOWN_ANSWER,
     ExpertNoise,
@@ -35,7 +35,7 @@ from agentr1.env.agents import (
 from agentr1.env.base import EnvSettings, ToolEnv
 from agentr1.env.protocol import SEARCH_TOOL_NAME, format_answer, format_call, parse_turn
 from agentr1.env.rewards import RewardWeights
-from agentr1.env.sql import CELL_SEP, SQL_TOOL_NAME
+from agentr1.env.sql.tool import CELL_SEP, SQL_TOOL_NAME
 from agentr1.env.tools import Tool
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ class SQLEnv(ToolEnv):
             if "chain" in record.meta:
                 problem = _chain_problem(record.meta["chain"])
                 if problem:
-                    raise DataError(path, line, "chain", f"record {record.id!r}: {problem} (agentr1.env.sql_synth)")
+                    raise DataError(path, line, "chain", f"record {record.id!r}: {problem} (agentr1.env.sql.synth)")
             elif problem := self._calls_problem(self.gold_calls(record)):
                 raise DataError(path, line, "calls", f"record {record.id!r} has no generated chain (meta.chain) and "
                                 f"its gold calls will not do: {problem}")

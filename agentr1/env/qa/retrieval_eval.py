@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from agentr1.data.records import QARecord, load_corpus_dir, load_split
-from agentr1.env.search import Hit, SearchIndex
+from agentr1.env.qa.search import Hit, SearchIndex
 
 
 def support_recall(records: list[QARecord], hits: list[list[Hit]], k: int) -> dict:

@@ -1,6 +1,6 @@
 """A synthetic relational world: an SQLite database and questions that need 1-3 queries.
 
-The same world as ``agentr1.data.synth`` (its relations, question phrasing and fresh-name
+The same world as ``agentr1.env.qa.synth`` (its relations, question phrasing and fresh-name
 machinery), stored as tables instead of documents::
 
     people(name PK, birth_city -> cities, residence_city -> cities,
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from agentr1.data.records import Document, QARecord
-from agentr1.data.synth import (
+from agentr1.env.qa.synth import (
     DEFAULT_HOP_WEIGHTS,
     DEFAULT_NAMES,
     MAIN_RELATIONS,
@@ -53,7 +53,7 @@ from agentr1.data.synth import (
     relation_kinds,
     synth_args,
 )
-from agentr1.env.sql import DB_FILE, SQL_TOOL_NAME
+from agentr1.env.sql.tool import DB_FILE, SQL_TOOL_NAME
 
 SOURCE = "sql"
 LOOKALIKES_PER_QUESTION = (1, 2)
@@ -65,7 +65,7 @@ class Table:
     key: str
     """The primary key column: the entity's name."""
     columns: tuple[str, ...]
-    """The relation columns, each named after its relation (``agentr1.data.synth``)."""
+    """The relation columns, each named after its relation (``agentr1.env.qa.synth``)."""
 
 
 TABLES: dict[str, Table] = {
@@ -208,7 +208,7 @@ def generate(
     names: str = DEFAULT_NAMES,
 ) -> tuple[dict[str, list[QARecord]], list[Document], dict[str, bytes]]:
     """The SQL dataset for ``seed``: (splits, corpus, {DB_FILE: database bytes}); arguments as
-    ``agentr1.data.synth.generate``'s. Byte-identical for a seed."""
+    ``agentr1.env.qa.synth.generate``'s. Byte-identical for a seed."""
     check_hop_weights(hop_weights)
     world = _World(seed, names)  # the QA world's seeded rng and name maker, drawn in the same order
     rng, maker = world.rng, world.names
