@@ -149,7 +149,8 @@ def start_temporary_server() -> None:
 
 def flow_params(args: argparse.Namespace):
     """The flow and its parameter model from the command line."""
-    from tasks.params import DataSource, EvaluateParams, PipelineParams, RetrainParams
+    from agentr1.presets import DataSource
+    from flows.forms import EvaluateParams, PipelineParams, RetrainParams
 
     common = {"preset": args.preset, "overrides": args.override, "output_dir": args.output_dir}
     if args.flow == "evaluate":
@@ -289,7 +290,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     console_setup(args.verbose)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_S)
     flow, params = flow_params(args)
-    from tasks.params import resolve_config
+    from flows.forms import resolve_config
     from adapters.validation import ValidationFailed
 
     resolve_config(params, args.flow)  # a bad preset, key or value: said now, not after the server has started
@@ -324,7 +325,7 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_pipeline(subparsers: argparse._SubParsersAction) -> None:
-    from tasks.params import DEFAULT_PRESET, DataSource  # pydantic forms only: no Prefect, no MLflow
+    from agentr1.presets import DEFAULT_PRESET, DataSource  # pydantic forms only: no Prefect, no MLflow
 
     p = subparsers.add_parser("pipeline", help="run a Prefect flow here (pipeline, retrain, evaluate); prints a summary")
     p.add_argument("--flow", choices=FLOWS, default="pipeline")
@@ -353,7 +354,7 @@ def add_pipeline(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_ablate(args: argparse.Namespace) -> int:
     from flows.ablation import AblationFailed, ablation
-    from tasks.ablation import AblationParams
+    from flows.forms import AblationParams
 
     return _run_study(args, ablation, lambda: AblationParams(preset=args.preset, overrides=args.override,
                                                              output_dir=args.output_dir), AblationFailed)
@@ -400,7 +401,7 @@ def add_ablate(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_suite(args: argparse.Namespace) -> int:
     from flows.suite import SuiteFailed, suite
-    from tasks.suite import SuiteParams
+    from flows.forms import SuiteParams
 
     return _run_study(args, suite, lambda: SuiteParams(preset=args.preset, overrides=args.override,
                                                        output_dir=args.output_dir), SuiteFailed)

@@ -28,8 +28,8 @@ from agentr1.rundir import weights_digest
 from flows.pipeline import run_name
 from flows.pipeline import run_tags as flow_tags
 from adapters import lifecycle, tracking
+from flows.forms import AblationParams
 from tasks.ablation import (
-    AblationParams,
     ablation_run,
     base_config,
     load_spec,

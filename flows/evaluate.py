@@ -15,7 +15,8 @@ from agentr1.rundir import DOWNLOADS_DIR, claim_run_dir
 from flows.pipeline import run_name, run_tags
 from adapters import lifecycle, tracking
 from tasks.data import prepare_data, validate_data
-from tasks.params import DataSource, EvaluateParams, resolve_config
+from agentr1.presets import DataSource
+from flows.forms import EvaluateParams, resolve_config
 from adapters.registry import qualified_ref
 from tasks.registry import fetch_model
 from adapters.report import SUMMARY_METRICS, metrics_table, publish_summary

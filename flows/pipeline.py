@@ -26,7 +26,7 @@ from agentr1.rl.guard import TrainingDiverged
 from agentr1.rundir import DOWNLOADS_DIR
 from adapters import lifecycle, tracking
 from tasks.data import DataVersion, prepare_data, validate_data
-from tasks.params import PipelineParams, TrainForm, resolve_config
+from flows.forms import PipelineParams, TrainForm, resolve_config
 from adapters.registry import qualified_ref
 from tasks.registry import Promotion, fetch_model, promote_if_better, register_policy
 from adapters.report import metrics_table, publish_summary

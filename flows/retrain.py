@@ -17,7 +17,7 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.pipeline import run_training_flow
-from tasks.params import RetrainParams
+from flows.forms import RetrainParams
 
 
 @flow(name="retrain", description="Train a challenger; promote it over the champion only if better by a margin.")

@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from agentr1.presets import REPO_ROOT
+
 PREFECT_YAML = REPO_ROOT / "prefect.yaml"
 
 

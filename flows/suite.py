@@ -15,24 +15,41 @@ it again with the same output dir reuses the finished runs and resumes the rest.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from prefect import flow
 
 from agentr1.metrics import EM_KEYS
-from agentr1.rundir import claim_run_dir
-from agentr1.suite import mean_gain, task_row
+from agentr1.fsutil import write_json, write_text
+from agentr1.rundir import SUITE_REPORT, claim_run_dir
+from agentr1.suite import TaskRow, mean_gain, suite_csv, suite_markdown, task_row
 from flows.ablation import ERROR_CHARS, ablation, command_line
 from flows.pipeline import run_name
 from flows.pipeline import run_tags as flow_tags
 from adapters import lifecycle, tracking
-from tasks.ablation import AblationParams
 from adapters.report import publish_summary
-from tasks.suite import SuiteParams, load_suite, write_suite_report, write_task_spec
-
+from flows.forms import AblationParams, SuiteParams, SuiteSpec, load_suite, write_task_spec
 
 
 class SuiteFailed(RuntimeError):
     """Some tasks failed; the table of the others was published, a re-run resumes them."""
+
+
+def write_suite_report(spec: SuiteSpec, rows: list[TaskRow], failures: list[dict], header: list[str]
+                       ) -> tuple[str, dict[str, Path]]:
+    """results.md (how it was made, the table, failures), results.csv and suite.json in the root."""
+    root = Path(spec.output_dir)
+    paths = {name: root / name for name in SUITE_REPORT}
+    lines = [*header, "", suite_markdown(rows)]
+    if failures:
+        lines += ["", "**Failed tasks** (re-run with the same output dir to resume them):", ""]
+        lines += [f"- `{f['task']}`: {f['error']}" for f in failures]
+    text = "\n".join(lines) + "\n"
+    write_text(paths["results.md"], text)
+    write_text(paths["results.csv"], suite_csv(rows))
+    write_json(paths["suite.json"], {"spec": spec.model_dump(mode="json"), "failures": failures,
+                                     "rows": [r.__dict__ for r in rows]})
+    return text, paths
 
 
 @flow(name="suite", description="The default recipe on every task of a suite: warm-up and final EM, and the gain.")

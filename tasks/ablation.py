@@ -28,7 +28,7 @@ from typing import Literal, get_args
 import yaml
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from agentr1 import errors
 from agentr1.ablation import (
@@ -65,8 +65,8 @@ from agentr1.config import (
     load_config,
 )
 from adapters import lifecycle, tracking
-from tasks.params import REPO_ROOT, DataSource, preset_path
 from agentr1.env.registry import resolve
+from agentr1.presets import DataSource, Form, preset_path, spec_path
 from agentr1.fsutil import write_text
 from agentr1.rundir import ABLATION_REPORT, HISTORY_FILE, claim_run_dir
 from agentr1.recipe.warmup import finished_warmup
@@ -80,10 +80,6 @@ ROOT_FILE = "ablation.json"
 REPORT_FILES, PLOT_FILE = ABLATION_REPORT[:-1], ABLATION_REPORT[-1]  # the tables, and the curves' plot
 
 
-class _Form(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 RunnerKind = Literal["process", "sequential", "dask"]
 JudgedPolicy = Literal["last", "recipe"]
 LAST_POLICY = ("ppo.dev_every=0",)
@@ -94,7 +90,7 @@ REMOVED_KINDS = {"ray": "prefect-ray (a 79 MB ray wheel and 13 more packages) wa
                         "cluster use dask with runner.address=tcp://host:8786"}
 
 
-class RunnerSettings(_Form):
+class RunnerSettings(Form):
     """Where the (variant, seed) runs execute, in parallel."""
 
     kind: RunnerKind = "process"
@@ -125,7 +121,7 @@ class RunnerSettings(_Form):
         return workers, self.threads_per_worker or max(1, cores // workers)
 
 
-class AblationSpec(_Form):
+class AblationSpec(Form):
     """An ablation preset (``conf/ablation/<name>.yaml``)."""
 
     base: str = Field("train", description="Training preset (a name in conf/, e.g. train for conf/train.yaml) or a YAML path that every variant starts from.")
@@ -164,26 +160,7 @@ class AblationSpec(_Form):
         return seeds
 
 
-class AblationParams(_Form):
-    """The ablation flow's form: a preset, overrides (spec or training keys), the output dir."""
-
-    preset: str = Field(DEFAULT_PRESET, description="An ablation preset (a name in conf/ablation/, e.g. quick) or a YAML path.")
-    overrides: list[str] = Field(default_factory=list, description="Spec keys (seeds=[0,1], runner.max_workers=2, "
-                                 "curve.every=5, warmup=DIR) or training keys (ppo.iterations=10, data.dir=...).")
-    output_dir: str | None = Field(None, description="Ablation root (default: the preset's); the same dir resumes.")
-
-
 # ----------------------------------------------------------------------------- spec
-
-
-def spec_path(preset: str, folder: Path = ABLATION_CONF, what: str = "ablation preset") -> Path:
-    """``"quick"`` -> ``<repo>/conf/ablation/quick.yaml`` (a preset in ``folder``); a YAML path is
-    taken as it is."""
-    try:
-        return preset_path(preset if preset.endswith((".yaml", ".yml")) else f"{folder.name}/{preset}")
-    except FileNotFoundError:
-        known = sorted(p.stem for p in (REPO_ROOT / folder).glob("*.yaml"))
-        raise errors.NotFound(f"{what} {preset!r}: no such file; presets: {known}") from None
 
 
 def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -198,7 +175,7 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
 def load_spec(preset: str = DEFAULT_PRESET, overrides: list[str] | None = None,
               output_dir: str | None = None) -> AblationSpec:
     """The validated spec of a preset with overrides (a ConfigError names the bad key)."""
-    path = spec_path(preset)
+    path = spec_path(preset, ABLATION_CONF, "ablation preset")
     raw = yaml.safe_load(path.read_text()) or {}
     spec_over, train_over = split_overrides(list(overrides or []))
     raw = apply_overrides(raw, spec_over)

@@ -22,7 +22,7 @@ from agentr1.config import Config
 from agentr1.data.records import MARKER_FILE, DataError
 from agentr1.recipe.workspace import ensure_data
 from adapters import tracking
-from tasks.params import DataSource
+from agentr1.presets import DataSource
 from adapters.validation import ValidationFailed, ValidationReport, records_report, summary_markdown, validate_dataset
 
 log = logging.getLogger("agentr1.tasks.data")

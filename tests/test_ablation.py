@@ -31,8 +31,9 @@ from agentr1.ablation import (
 )
 from agentr1.config import ConfigError, load_config
 from adapters import tracking
-from tasks.ablation import ABLATION_CONF, AblationParams, RunnerSettings, base_config, load_spec, plan, task_runner
-from tasks.params import REPO_ROOT, preset_path
+from flows.forms import AblationParams
+from tasks.ablation import ABLATION_CONF, RunnerSettings, base_config, load_spec, plan, task_runner
+from agentr1.presets import REPO_ROOT, preset_path
 
 # A tiny ablation: two RL variants and a baseline, two seeds, 2 PPO iterations, short episodes.
 TINY_ABLATION = [*TINY, "ppo.iterations=2", "eval.max_examples=4", "env.max_turns=2", "env.max_turn_tokens=8",

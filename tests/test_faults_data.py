@@ -32,7 +32,7 @@ from agentr1.data.records import (MARKER_FILE, MAX_FIELD_CHARS, MAX_HOPS, MAX_LI
 from agentr1.env.qa.synth import generate
 from adapters import validation as V
 from tasks.data import dataset_reports
-from tasks.params import DataSource
+from agentr1.presets import DataSource
 
 CONFIG = "conf/train.yaml"
 

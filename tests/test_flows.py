@@ -26,13 +26,14 @@ from agentr1.recipe.ppo import PPOSession
 from agentr1.recipe.warmup import play_demonstrations
 from agentr1.recipe.workspace import ensure_data
 from adapters import lifecycle, tracking
-from tasks.ablation import AblationParams
+from flows.forms import AblationParams
 from tasks.data import dir_hash, recorded_hash, version_dataset
-from tasks.params import DataSource, EvaluateParams, PipelineParams, RetrainParams, preset_path, resolve_config
+from agentr1.presets import DataSource, preset_path
+from flows.forms import EvaluateParams, PipelineParams, RetrainParams, resolve_config
 from adapters.registry import parse_model_ref
 from tasks.registry import compare
 from adapters.report import metrics_table
-from tasks.suite import SuiteParams
+from flows.forms import SuiteParams
 
 FAST = ["ppo.iterations=1", "eval.max_examples=4", "env.max_turns=2", "env.max_turn_tokens=8"]
 FLOW_RUN_TIMEOUT_S = 240

@@ -25,7 +25,8 @@ from agentr1.env.base import ToolEnv
 from agentr1.env.mcp import McpError, McpTool, command_files, mcp_tools
 from agentr1.env.registry import build_env
 from agentr1.env.tools import ToolOutput
-from tasks.params import DataSource, PipelineParams
+from agentr1.presets import DataSource
+from flows.forms import PipelineParams
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = "docs/examples/units_mcp_server.py"

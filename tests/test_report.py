@@ -121,7 +121,7 @@ def tiny_study(prefect_api, tmp_path_factory):
     import torch
 
     from flows.ablation import ablation
-    from tasks.ablation import AblationParams
+    from flows.forms import AblationParams
 
     before = torch.get_num_threads()  # the sequential runner sets this process's threads
     root = tmp_path_factory.mktemp("study")

@@ -13,7 +13,7 @@ from agentr1.config import ConfigError
 from agentr1.suite import suite_markdown, task_row
 from adapters import tracking
 from tasks.ablation import base_config
-from tasks.suite import SuiteParams, load_suite
+from flows.forms import SuiteParams, load_suite
 
 
 def run(variant, seed, greedy, sampled):

@@ -51,7 +51,8 @@ def test_a_plugin_with_its_own_data_file_registers_and_is_served_without_its_dat
     from cli.main import main
     from flows.pipeline import pipeline
     from adapters import tracking
-    from tasks.params import DataSource, PipelineParams
+    from agentr1.presets import DataSource
+    from flows.forms import PipelineParams
 
     data = tmp_path / "data"
     overrides = [f"data.dir={data}", "data.synth.n_train=48", "data.synth.n_dev=4", "data.synth.n_test=8",
