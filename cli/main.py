@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import importlib.util
 import json
 import signal
 import sys
@@ -522,6 +523,27 @@ def _stopped(stop: KeyboardInterrupt, note: str = RUN_STOPPED) -> int:
     return 128 + signum
 
 
+PROJECT_IMPORT_NAMES = ("models", "adapters", "tasks", "flows")
+"""The generic top-level names this project installs beside ``agentr1`` and ``cli`` (README,
+"Code map": why they are not under ``agentr1.``)."""
+
+
+def foreign_import_names() -> list[str]:
+    """``name -> where`` for each of :data:`PROJECT_IMPORT_NAMES` that resolves outside this
+    project (a user's ``models.py`` in the working directory, another package of that name):
+    found before anything imports it, so the command says so instead of failing later with
+    "No module named 'models.policy'"."""
+    home = Path(__file__).resolve().parents[1]
+    clashes = []
+    for name in PROJECT_IMPORT_NAMES:
+        spec = importlib.util.find_spec(name)
+        places = list(spec.submodule_search_locations or []) if spec else []
+        where = Path(places[0]) if places else Path(spec.origin) if spec and spec.origin else None
+        if where is None or where.resolve().parent != home:
+            clashes.append(f"{name} -> {where or 'nothing'}")
+    return clashes
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status (agentr1/errors.py). A refusal a person can act
     on is one line on stderr, ``agentr1: error: ...``; ``agentr1 --traceback`` adds its traceback."""
@@ -532,6 +554,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # argparse has already printed usage
         return int(e.code or 0)
     note = getattr(args, "stopped_note", RUN_STOPPED)
+    clashes = foreign_import_names()
+    if clashes:
+        print(f"agentr1: error: import names of this project resolve elsewhere: {'; '.join(clashes)} (this project "
+              f"is {Path(__file__).resolve().parents[1]}): rename or move the other one, or run from another "
+              "directory", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         return args.func(args)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP to a flow (cli/flows.py): unwound, resumable

@@ -46,3 +46,18 @@ def test_an_exception_that_escapes_exits_1_with_its_traceback():
 def test_a_system_exit_inside_a_command_keeps_its_code():
     done = agentr1(code="import cli.main\ndef main(): raise SystemExit(7)\ncli.main.main = main")
     assert done.returncode == 7, done.stderr
+
+
+def test_a_users_module_named_like_one_of_ours_is_named_before_anything_runs(tmp_path):
+    """A ``models.py`` in the working directory shadows this project's ``models`` package: the
+    command says which name resolves where and exits 2, instead of failing deep inside."""
+    (tmp_path / "models.py").write_text("raise RuntimeError('the user module must not even be imported')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # cli from this project; the working directory first on sys.path
+    done = subprocess.run([sys.executable, "-m", "cli", "train", "-o", "seed=0"], cwd=tmp_path, capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr
+    assert f"models -> {tmp_path / 'models.py'}" in done.stderr and "RuntimeError" not in done.stderr
+    (tmp_path / "models.py").unlink()
+    past = subprocess.run([sys.executable, "-m", "cli", "train", "-o", "no_such.key=1"], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert "cannot read config conf/train.yaml" in past.stderr and "resolve elsewhere" not in past.stderr
