@@ -294,6 +294,12 @@ class PPOConfig(_Section):
     """Samples per question; GRPO/RLOO need more than one."""
     epochs: int = Field(2, ge=1)
     minibatch_size: int = Field(16, ge=1)
+    minibatch_window: int | None = Field(None, ge=1)
+    """Minibatches are cut from the shuffled batch in windows of this many minibatches' episodes,
+    each window sorted by length (less padding), and the minibatches shuffled. None: one window,
+    the whole batch sorted, so the partition is the same every epoch and seed up to ties between
+    equal lengths and a minibatch may hold only short (or only long) episodes; 2-4 is the usual
+    bucketed shuffle, a fresh partition each epoch at some padding cost."""
     grad_accum: int = Field(1, ge=1)
     """Micro-batches each minibatch is cut into, forwarded and backpropagated one at a time (less
     memory); their gradients add up to the minibatch's and the optimizer steps once per minibatch."""

@@ -224,6 +224,28 @@ def test_length_bucketed_batches_cover_every_episode_once_with_similar_lengths()
     assert batches == again
 
 
+def test_ppo_minibatch_window_gives_a_fresh_partition_each_epoch_where_a_full_sort_does_not():
+    """ppo.minibatch_window (None: the whole batch sorted by length, the default) reaches the
+    update, and a window of 2 minibatches re-partitions every epoch; the full sort repeats the
+    same partition (distinct lengths: no ties to reshuffle)."""
+    from agentr1.config import Config
+    from agentr1.recipe.ppo import ppo_hyper
+    from agentr1.rollout.batch import length_bucketed_batches
+
+    assert ppo_hyper(Config()).minibatch_window is None
+    assert ppo_hyper(Config.model_validate({"ppo": {"minibatch_window": 2}})).minibatch_window == 2
+    lengths = [50 + (i * 37) % 64 for i in range(64)]
+    assert len(set(lengths)) == 64
+
+    def partitions(bucket: int) -> list[set[frozenset[int]]]:
+        gen = torch.Generator().manual_seed(0)
+        return [set(map(frozenset, length_bucketed_batches(lengths, 8, gen, bucket=bucket))) for _ in range(2)]
+
+    full, windowed = partitions(len(lengths)), partitions(2)
+    assert full[0] == full[1]
+    assert windowed[0] != windowed[1]
+
+
 def test_forward_tokens_at_positions_matches_the_full_forward(world):
     trajs = make_engine(world).run(world["splits"]["test"][:4], seed=4)
     batch = collate(trajs, world["chat"].pad_token_id)

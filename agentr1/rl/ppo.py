@@ -59,6 +59,7 @@ class PPOHyper:
     gigpo_norm_by_std: bool
     epochs: int
     minibatch_size: int
+    minibatch_window: int | None
     grad_accum: int
     clip_eps: float
     clip_eps_high: float | None
@@ -274,7 +275,8 @@ def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Score
     for _ in range(hp.epochs):
         # Minibatches of similar lengths, each cut to its own longest sequence: padding to the
         # batch's longest episode wasted about a third of the update's compute.
-        for mb in length_bucketed_batches(lengths, hp.minibatch_size, generator, bucket=len(lengths)):
+        window = hp.minibatch_window or len(lengths)
+        for mb in length_bucketed_batches(lengths, hp.minibatch_size, generator, bucket=window):
             L = max(lengths[i] for i in mb)
             n_tokens = _loss_weight(loss_mask_full, mb, L, hp)
             n_critic = _loss_weight(critic_mask, mb, L, hp) if critic_mask is not None else 0.0
