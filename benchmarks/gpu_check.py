@@ -72,12 +72,13 @@ TINY = {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_hi
 # off gives a gap of ~2 nats on the 0.5B shape and ~1.4 on the tiny one, where transformers'
 # default 0.02 gives ~0.2.
 MODES = {
-    # 64 x 256 sampled tokens: score_batch computes the logits at every action token of the batch
-    # at once, ~10 GB per fp32 copy of them at Qwen2's 152k vocabulary (128 x 512 would be ~40 GB).
+    # 64 x 256 sampled tokens. score_batch computes the logits at every action token of its rows
+    # at once: ~10 GB per fp32 copy at Qwen2's 152k vocabulary for the whole batch (128 x 512: ~40
+    # GB), so it scores ppo.score_rows episodes at a time (16: ~2.5 GB; CPU mode: 4, two chunks).
     "cuda": {"shape": QWEN2_05B, "init_std": 0.05, "engine_dtype": torch.bfloat16, "peak_n": 8192,
-             "episodes": 64, "prompt_tokens": 256, "new_tokens": 256},
+             "episodes": 64, "prompt_tokens": 256, "new_tokens": 256, "score_rows": 16},
     "cpu": {"shape": TINY, "init_std": 0.1, "engine_dtype": torch.float32, "peak_n": 256,
-            "episodes": 8, "prompt_tokens": 32, "new_tokens": 24},
+            "episodes": 8, "prompt_tokens": 32, "new_tokens": 24, "score_rows": 4},
 }
 SEED = 0
 
@@ -200,7 +201,8 @@ def main() -> None:
           flush=True)
 
     # 3. the trainer's log-probs of the same tokens (bf16 autocast, fp32 weights)
-    cfg = load_config(args.config, ["ppo.mixed_precision=bf16", f"ppo.episodes_per_iter={episodes}"])
+    cfg = load_config(args.config, ["ppo.mixed_precision=bf16", f"ppo.episodes_per_iter={episodes}",
+                                    f"ppo.score_rows={mode['score_rows']}"])
     hp = ppo_hyper(cfg)
     acc = make_accelerator(device, "bf16")
     attention_for_precision(model, device, "bf16")

@@ -246,6 +246,29 @@ def test_ppo_minibatch_window_gives_a_fresh_partition_each_epoch_where_a_full_so
     assert windowed[0] != windowed[1]
 
 
+def test_scoring_in_chunks_of_rows_gives_the_whole_batchs_scores(world, monkeypatch):
+    """ppo.score_rows scores the batch a few episodes at a time (a GPU's memory holds one chunk's
+    logits, not the batch's): the same log-probs, values and advantages up to float rounding."""
+    from dataclasses import replace
+
+    from agentr1.config import Config
+    from agentr1.recipe.ppo import ppo_hyper
+    from agentr1.rl import ppo as ppo_module
+    from agentr1.rl.ppo import score_batch
+
+    batch = collate(make_engine(world).run(world["splits"]["test"][:6], seed=3), world["chat"].pad_token_id)
+    hp = ppo_hyper(Config())
+    assert hp.score_rows is None
+    whole, _ = score_batch(world["model"], world["model"], batch, hp)
+    rows, forward = [], ppo_module.forward_tokens
+    monkeypatch.setattr(ppo_module, "forward_tokens", lambda m, ids, *a, **k: rows.append(len(ids)) or forward(m, ids, *a, **k))
+    chunked, _ = score_batch(world["model"], world["model"], batch, replace(hp, score_rows=4))
+    assert rows == [4, 4, 2, 2]  # policy and reference, two chunks
+    for name in ("old_logp", "ref_logp", "old_values", "advantages", "returns"):
+        assert torch.allclose(getattr(whole, name), getattr(chunked, name), atol=1e-5), name
+    assert float(batch.action_mask.sum()) > 0 and float(whole.old_logp.abs().sum()) > 0
+
+
 def test_forward_tokens_at_positions_matches_the_full_forward(world):
     trajs = make_engine(world).run(world["splits"]["test"][:4], seed=4)
     batch = collate(trajs, world["chat"].pad_token_id)

@@ -220,7 +220,7 @@ def test_one_ppo_update_moves_only_the_trainable_layers(world, smollm2_dir, tmp_
     p = PPOConfig()
     hp = PPOHyper(estimator="gae", loss_mask=True, advantage_mask=True, loss_weighting="token", gigpo_step_weight=1.0,
                   gigpo_norm_by_std=True,
-                  epochs=1, minibatch_size=4, minibatch_window=None, grad_accum=1,
+                  epochs=1, minibatch_size=4, minibatch_window=None, grad_accum=1, score_rows=None,
                   clip_eps=p.clip_eps, clip_eps_high=None, dual_clip_c=p.dual_clip_c, vf_coef=p.vf_coef, vf_clip=p.vf_clip,
                   kl_coef=p.kl_coef, kl_kind=p.kl_kind, kl_in_reward=False, kl_clamp=p.kl_clamp, entropy_coef=0.0,
                   gamma=1.0, lam=0.95, whiten_advantages=True, max_grad_norm=1.0, temperature=1.0)

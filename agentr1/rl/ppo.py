@@ -61,6 +61,7 @@ class PPOHyper:
     minibatch_size: int
     minibatch_window: int | None
     grad_accum: int
+    score_rows: int | None
     clip_eps: float
     clip_eps_high: float | None
     dual_clip_c: float | None
@@ -156,8 +157,13 @@ def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper,
     # The frozen layers' output, once for the policy, the reference (which shares those layers:
     # agentr1.recipe.ppo.share_frozen_layers) and every epoch. Data parallel shards rows: not there.
     trunk = None if _parallel(accelerator) or not getattr(net, "frozen_layers", 0) else net.trunk_states(ids, attn)
-    old_logp, old_values, _ = forward_tokens(net, ids, attn, hp.temperature, positions=at, trunk=trunk)
-    ref_logp, _, _ = forward_tokens(ref_model, ids, attn, hp.temperature, positions=at, trunk=trunk)
+    parts = []
+    step = hp.score_rows or len(ids)  # ppo.score_rows: a chunk's logits, not the batch's, in memory at once
+    for s in range(0, len(ids), step):
+        c, t = slice(s, s + step), None if trunk is None else trunk[s:s + step]
+        parts.append((*forward_tokens(net, ids[c], attn[c], hp.temperature, positions=at[c], trunk=t)[:2],
+                      forward_tokens(ref_model, ids[c], attn[c], hp.temperature, positions=at[c], trunk=t)[0]))
+    old_logp, old_values, ref_logp = (torch.cat(x) if len(parts) > 1 else x[0] for x in zip(*parts))
     if _parallel(accelerator):
         old_logp, old_values, ref_logp = (gather_rows(accelerator, x, len(batch))
                                           for x in (old_logp, old_values, ref_logp))
