@@ -44,7 +44,7 @@ from filelock import FileLock
 from mlflow import MlflowClient
 from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
-from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_ID  # noqa: F401 - the suite nests runs
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_ID
 
 from agentr1.config import Config, config_hash, flatten
 from agentr1.rundir import ADAPTER_CONFIG_FILE
@@ -305,6 +305,12 @@ def set_tags(run_id: str, tags: Mapping[str, Any]) -> None:
     items = [RunTag(k, v) for k, v in clean_tags(tags).items()]
     for chunk in _chunks(items, MAX_PARAMS_PER_BATCH):
         client().log_batch(run_id, tags=chunk)
+
+
+def nest_run(run_id: str, parent_run_id: str, tags: Mapping[str, Any] | None = None) -> None:
+    """Show run ``run_id`` under ``parent_run_id`` in the MLflow UI (MLflow's parent-run tag),
+    with ``tags`` beside it (a suite nests each task's ablation run so)."""
+    set_tags(run_id, {MLFLOW_PARENT_RUN_ID: parent_run_id, **(tags or {})})
 
 
 def clean_tags(tags: Mapping[str, Any]) -> dict[str, str]:

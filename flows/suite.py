@@ -68,7 +68,7 @@ def suite(params: SuiteParams = SuiteParams()) -> dict:
             preset = write_task_spec(spec, name)
             try:
                 out = ablation.with_options(flow_run_name=f"suite-{name}")(AblationParams(preset=str(preset)))
-                tracking.set_tags(out["run_id"], {tracking.MLFLOW_PARENT_RUN_ID: run_id, tracking.TAG_SUITE_TASK: name})
+                tracking.nest_run(out["run_id"], run_id, {tracking.TAG_SUITE_TASK: name})
                 rows.append(task_row(name, out["runs"]))
                 task_runs[name] = out["run_id"]
             except Exception as exc:  # noqa: BLE001 - reported with its task; the others go on
