@@ -65,18 +65,18 @@ class Variant:
     label: str
     kind: Kind
     overrides: tuple[str, ...] = ()
-    """Config switches; every RL variant sets all five so the base preset cannot leak in."""
+    """Config switches; every RL variant sets all six so the base preset cannot leak in."""
     grouped: bool = False
     """Samples ``group_size`` answers per question (GRPO, RLOO); the others one."""
 
 
 def _rl(estimator: Estimator = "gae", *, loss_mask: bool = True, advantage_mask: bool = True,
-        process: bool = True, weighting: str = "token") -> tuple[str, ...]:
+        process: bool = True, weighting: str = "token", window: int | None = None) -> tuple[str, ...]:
     """The overrides of an RL variant: the full method unless a switch says otherwise."""
     flag = {True: "true", False: "false"}
     return (f"ppo.estimator={estimator}", f"ppo.loss_mask={flag[loss_mask]}",
             f"ppo.advantage_mask={flag[advantage_mask]}", f"reward.process_enabled={flag[process]}",
-            f"ppo.loss_weighting={weighting}")
+            f"ppo.loss_weighting={weighting}", f"ppo.minibatch_window={window or 'null'}")
 
 
 FULL = "ppo"
@@ -88,6 +88,7 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("ppo-outcome-only", "PPO, outcome reward only", "rl", _rl(process=False)),
     Variant("ppo-step-gae", "PPO, step-level GAE (each turn one step)", "rl", _rl("step_gae")),
     Variant("ppo-traj-weight", "PPO, every episode weighs the same in the loss", "rl", _rl(weighting="trajectory")),
+    Variant("ppo-mb-window", "PPO, minibatches shuffled in windows of 2", "rl", _rl(window=2)),
     Variant(VANILLA, "PPO, no masks + outcome only (vanilla)", "rl", _rl(loss_mask=False, advantage_mask=False, process=False)),
     Variant("grpo", "GRPO, loss mask", "rl", _rl("grpo"), grouped=True),
     Variant("grpo-no-loss-mask", "GRPO, no loss mask", "rl", _rl("grpo", loss_mask=False), grouped=True),
