@@ -9,9 +9,11 @@ Each measurement runs in a fresh process (OpenMP reads its environment when torc
 side by side in one run: for each load (``--loads``: 0 and 4 busy-loop processes that this script
 starts and stops itself) and each setting, the median of ``--steps`` warm-up demonstration steps
 (forward, loss on action tokens, backward, clip, Muon step) of the default run's model
-(``conf/train.yaml``) on 32 episodes shaped like the default run's. Usage::
+(``conf/train.yaml``) on 32 episodes shaped like the default run's. A load written ``4+1``
+arrives mid-run: its processes start 1 s after the measured process, which by then has chosen its
+wait policy on an idle machine (what a run meets when a second job starts beside it). Usage::
 
-    python benchmarks/threads.py [--loads 0 4] [--steps 12]
+    python benchmarks/threads.py [--loads 0 4 4+1] [--steps 12]
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
+import threading
 import time
 
 import warmup_step  # the sibling script: `python benchmarks/threads.py` puts benchmarks/ on sys.path
@@ -52,21 +55,48 @@ def _busy(niceness: int) -> None:
         pass
 
 
-def parse_load(text: str) -> tuple[int, int]:
-    """``"4"`` -> 4 busy processes at this process's priority; ``"4@19"`` -> 4 at nice 19."""
+def parse_load(text: str) -> tuple[int, int, float | None]:
+    """``"4"`` -> 4 busy processes at this process's priority, there before each measurement
+    starts; ``"4@19"`` -> 4 at nice 19; ``"4+1"`` -> 4 that start 1 s into each measurement."""
+    text, _, after = text.partition("+")
     n, _, nice = text.partition("@")
-    return int(n), int(nice or 0)
+    return int(n), int(nice or 0), float(after) if after else None
 
 
-def measure(env_changes: dict[str, str | None], steps: int) -> dict:
-    """The warm-up step (``warmup_step.child``, eager) in a fresh process with ``env_changes``."""
+def start_busy(n: int, niceness: int) -> list[mp.Process]:
+    busy = [mp.Process(target=_busy, args=(niceness,), daemon=True) for _ in range(n)]
+    for p in busy:
+        p.start()
+    return busy
+
+
+def stop_busy(busy: list[mp.Process]) -> None:
+    for p in busy:
+        p.terminate()
+    for p in busy:
+        p.join()
+
+
+def measure(env_changes: dict[str, str | None], steps: int, arriving: tuple[int, int, float] | None = None) -> dict:
+    """The warm-up step (``warmup_step.child``, eager) in a fresh process with ``env_changes``;
+    ``arriving`` = (processes, niceness, seconds): busy loops that start that long after it."""
     env = dict(os.environ)
     for k, v in env_changes.items():
         if v is None:
             env.pop(k, None)
         else:
             env[k] = v
-    return warmup_step.measure("eager", steps, 2, env)
+    late: list[mp.Process] = []
+    timer = threading.Timer(arriving[2], lambda: late.extend(start_busy(*arriving[:2]))) if arriving else None
+    if timer:
+        timer.start()
+    try:
+        return warmup_step.measure("eager", steps, 2, env)
+    finally:
+        if timer:
+            timer.cancel()
+            timer.join()
+        stop_busy(late)
 
 
 def main() -> None:
@@ -81,16 +111,14 @@ def main() -> None:
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} before the run", flush=True)
     rows, names, threads = [], args.settings, {}
     for load in args.loads:
-        n_busy, niceness = parse_load(load)
-        busy = [mp.Process(target=_busy, args=(niceness,), daemon=True) for _ in range(n_busy)]
-        for p in busy:
-            p.start()
-        time.sleep(1.0 if n_busy else 0.0)
+        n_busy, niceness, after = parse_load(load)
+        busy = start_busy(n_busy, niceness) if after is None else []
+        time.sleep(1.0 if busy else 0.0)
         try:
             times: dict[str, list[float]] = {name: [] for name in names}
             for _ in range(args.repeats):  # rounds interleave the settings: drift hits all alike
                 for name in names:
-                    res = measure(SETTINGS[name], args.steps)
+                    res = measure(SETTINGS[name], args.steps, None if after is None else (n_busy, niceness, after))
                     times[name] += res["times"]
                     threads[name] = res["threads"]
             for name in names:
@@ -98,10 +126,7 @@ def main() -> None:
                 rows.append((load, name, threads[name], med))
                 print(f"load {load}: {name}: {threads[name]} torch threads, median step {med:.3f} s", flush=True)
         finally:
-            for p in busy:
-                p.terminate()
-            for p in busy:
-                p.join()
+            stop_busy(busy)
     idle = {name: med for load, name, _, med in rows if parse_load(load)[0] == 0}
     print("\n| busy processes (@nice) | setting | torch threads | median step (s) | x idle, same setting |")
     print("|---:|---|---:|---:|---:|")
