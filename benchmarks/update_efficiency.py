@@ -15,8 +15,8 @@ each in fp32 and under bf16 autocast (``ppo.mixed_precision``), on the config's 
 default run's (``conf/train.yaml``, built fresh: FLOPs do not depend on the weights) or a
 pretrained preset's (``--config conf/smollm2.yaml``: SmolLM2-135M-Instruct after ``make model``,
 its ``model.trainable_layers`` frozen below as in training, episodes shaped like its own).
-``--profile`` adds where the demonstration step's CPU time goes: matmuls, dtype casts, and the
-elementwise operators that no matmul unit speeds up.
+``--profile`` adds where the demonstration step's and the PPO update's CPU time goes, operator by
+operator: matmuls, dtype casts, and the elementwise operators that no matmul unit speeds up.
 
 FLOPs per step follow the usual convention, counting only what runs: a forward is
 ``2·N·tokens`` over the non-embedding weights it passes through, a backward ``4·N·tokens`` over
@@ -136,7 +136,7 @@ def timed(fn, steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def profile_step(step, precision: str, steps: int = 3, top: int = 8) -> None:
+def profile_step(step, precision: str, what: str, steps: int = 3, top: int = 8) -> None:
     """Print the share of ``steps`` calls of ``step``'s CPU time spent in matmuls (mm, bmm,
     addmm: what the peak measures), in dtype casts (``copy_``/``_to_copy``: autocast's bf16
     copies of weights and activations) and in the ``top`` other operators by self time."""
@@ -150,7 +150,7 @@ def profile_step(step, precision: str, steps: int = 3, top: int = 8) -> None:
     matmul_ops, cast_ops = ("aten::mm", "aten::bmm", "aten::addmm"), ("aten::copy_", "aten::_to_copy")
     matmul, casts = (sum(ops.get(k, 0) for k in group) for group in (matmul_ops, cast_ops))
     rest = sorted(((v, k) for k, v in ops.items() if k not in (*matmul_ops, *cast_ops)), reverse=True)
-    print(f"\nprofile of the demonstration step ({'fp32' if precision == 'no' else 'bf16 autocast'}, {steps} steps, "
+    print(f"\nprofile of the {what} ({'fp32' if precision == 'no' else 'bf16 autocast'}, {steps} steps, "
           f"self CPU time): matmuls {100 * matmul / total:.0f}%, dtype casts {100 * casts / total:.0f}%, "
           + ", ".join(f"{k.removeprefix('aten::')} {100 * v / total:.0f}%" for v, k in rest[:top]), flush=True)
 
@@ -161,7 +161,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=2048, help="matmul size of the peak measurement")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
     ap.add_argument("--profile", action="store_true",
-                    help="also profile the last precision's demonstration step: where its time goes, by operator")
+                    help="also profile the last precision's demonstration step and PPO update: where "
+                         "their time goes, by operator")
     args = ap.parse_args()
     cfg = load_config(args.config)
     rng = random.Random(0)
@@ -224,7 +225,7 @@ def main() -> None:
             flops = step_flops(acc.unwrap_model(model), ids.numel(), int(target.sum()), ids.shape[1])
             rows.append((name, precision, sec, ids.numel() / sec, flops / sec / 1e9))
         if args.profile and precision == ("bf16" if native else "no"):
-            profile_step(lambda: sft_step(demo_ids, demo_target), precision)
+            profile_step(lambda: sft_step(demo_ids, demo_target), precision, "demonstration step")
 
         hp = ppo_hyper(cfg)
         batch = collate([synthetic_episode(rng, vocab, i, shape) for i in range(cfg.ppo.episodes_per_iter)],
@@ -239,6 +240,9 @@ def main() -> None:
                            batch.input_ids.shape[1], forward_from_trunk=scored.trunk is not None)
         rows.append((f"PPO update ({hp.epochs} epochs x {cfg.ppo.episodes_per_iter // hp.minibatch_size} mb)",
                      precision, sec, tokens / sec, flops / sec / 1e9))
+        if args.profile and precision == ("bf16" if native else "no"):
+            profile_step(lambda: ppo_update(model, opt, acc, batch, scored, hp, gen, guard), precision, "PPO update",
+                         steps=1)
 
     print("\n| step | precision | s/step | tokens/s | GFLOP/s | % of fp32 peak | % of bf16 peak |")
     print("|---|---|---|---|---|---|---|")
