@@ -176,6 +176,13 @@ def test_unknown_format_and_empty_input(tmp_path):
         convert("hotpotqa", _write(tmp_path / "empty.json", []))
 
 
+@pytest.mark.parametrize("fmt", ["hotpotqa", "musique", "svamp", "mawps", "gsm8k"])
+def test_a_file_format_without_a_file_names_the_input_field_and_writes_nothing(tmp_path, fmt):
+    with pytest.raises(DataError, match=f"field 'input': format '{fmt}' converts a file") as caught:
+        convert_to_dataset(DataSource(format=fmt, split="eval"), tmp_path / "ds")
+    assert caught.value.path == "data.sources" and not (tmp_path / "ds").exists()
+
+
 def test_convert_to_dataset_writes_a_loadable_split(tmp_path):
     source = DataSource(format="musique", input=str(_write(tmp_path / "m.json", [MUSIQUE_RECORD])), split="eval")
     summary = convert_to_dataset(source, tmp_path / "ds")

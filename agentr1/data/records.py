@@ -62,6 +62,14 @@ class DataError(UserError, ValueError):
         super().__init__(f"{where}: {what}")
 
 
+def source_file(source: Any) -> str:
+    """The file a ``data.sources`` entry (``agentr1.config.DataSource``) converts; a
+    :class:`DataError` naming the entry's ``input`` field where it gives none."""
+    if source.input is None:
+        raise DataError("data.sources", None, "input", f"format {source.format!r} converts a file: give its path")
+    return source.input
+
+
 class DataErrors(DataError):
     """Several problems: reads as the first one (``path``, ``line``, ``field``, ``message``);
     ``errors`` holds them all and ``str()`` lists them, one per line."""

@@ -31,7 +31,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from agentr1.data.records import MAX_HOPS, DataError, Document, QARecord, check_record, iter_json_lines
+from agentr1.data.records import (MAX_HOPS, DataError, Document, QARecord, check_record, iter_json_lines,
+                                   source_file)
 from agentr1.env.math_tool.calculator import OPERATORS, evaluate, format_number, parse_expression
 from agentr1.env.tools import ToolError
 
@@ -274,13 +275,12 @@ dataset has a corpus; the calculator searches nothing)."""
 def converter(fmt: str):
     """The ``data.sources`` converter of ``fmt`` (svamp, mawps, gsm8k)."""
     def convert(source: DataSource) -> tuple[list[QARecord], list[Document], dict[str, int]]:
-        if source.input is None:
-            raise DataError("data.sources", None, "input", f"format {fmt!r} converts a file: give its path")
+        path = source_file(source)
         if fmt == "gsm8k" and source.solution != "steps":
-            raise DataError(source.input, None, "solution", "gsm8k solutions are their annotated steps: "
+            raise DataError(path, None, "solution", "gsm8k solutions are their annotated steps: "
                             "solution: steps")
         records, skipped = [], {}
-        for record, why in READERS[fmt](Path(source.input), source.solution):
+        for record, why in READERS[fmt](Path(path), source.solution):
             if why is not None and source.split == "train":  # nothing to demonstrate: left out of training
                 skipped[why.split(":")[0]] = skipped.get(why.split(":")[0], 0) + 1
             elif source.max_calls is not None and len(record.meta["calls"]) > source.max_calls:
@@ -290,7 +290,7 @@ def converter(fmt: str):
             else:
                 records.append(record)
         if not records:
-            raise DataError(source.input, None, None, f"no {fmt} problems found ({skipped or 'empty'})")
+            raise DataError(path, None, None, f"no {fmt} problems found ({skipped or 'empty'})")
         return records, [CALCULATOR_DOC], skipped
 
     convert.__name__ = f"convert_{fmt}"

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from agentr1.data.records import DataError, Document, QARecord, unencodable
+from agentr1.data.records import DataError, Document, QARecord, source_file, unencodable
 from agentr1.data.splits import SYNTHETIC
 
 if TYPE_CHECKING:
@@ -290,14 +290,8 @@ def convert(fmt: str, input_path: str | os.PathLike) -> tuple[list[QARecord], li
 # ---------------------------------------------------------------- the registry's signature
 
 def convert_hotpotqa(source: DataSource) -> tuple[list[QARecord], list[Document], dict[str, int]]:
-    return (*convert("hotpotqa", _input(source)), {})
+    return (*convert("hotpotqa", source_file(source)), {})
 
 
 def convert_musique(source: DataSource) -> tuple[list[QARecord], list[Document], dict[str, int]]:
-    return (*convert("musique", _input(source)), {})
-
-
-def _input(source: DataSource) -> str:
-    if source.input is None:
-        raise DataError("data.sources", None, "input", f"format {source.format!r} converts a file: give its path")
-    return source.input
+    return (*convert("musique", source_file(source)), {})
