@@ -3,19 +3,25 @@ computes in bf16 natively, the CPU's model, and how OpenMP threads wait. The one
 facts; it imports torch only inside the functions that need a device, so the wait policy can be
 set before anything loads OpenMP.
 
-**OpenMP wait policy**, chosen once, before torch loads OpenMP (:func:`configure_threads`, which
+**OpenMP wait policy**, set once, before torch loads OpenMP (:func:`configure_threads`, which
 ``import agentr1`` calls). torch's CPU build runs its intra-op thread pool on libgomp, whose
 threads spin at every barrier before they sleep. Beside other busy programs a spinning thread
-holds a core its descheduled partner needs (the default warm-up step took 6-8x its idle time
-beside 4 busy processes on 2 cores; 2.5x with ``OMP_WAIT_POLICY=PASSIVE``, near the fair share
-of 3x); idle, the passive policy costs ~20%. So it is chosen by what the machine is doing when
-the process starts (``benchmarks/threads.py`` measures every setting side by side). The choice
-is written into the environment, which child processes inherit and OpenMP reads only at start.
-The thread *count* is left alone: it changes the rounding of every reduction, so it is part of a
-run's identity (docs/design.md, Determinism); set it with ``OMP_NUM_THREADS``.
+holds a core its descheduled partner needs, and OpenMP reads its wait policy only when it starts,
+so a process cannot change its mind when the load changes. ``benchmarks/threads.py`` measured the
+default warm-up's step on 2 cores (docs/benchmarks.md, 2026-12-07), with 4 busy processes there
+from the start and arriving 1 s into the run: OpenMP's default wait 28x and 17x its idle step,
+``OMP_WAIT_POLICY=PASSIVE`` 5.9x and 3.7x, ``GOMP_SPINCOUNT=1000`` 5.6x and 4.6x; idle, the
+passive policy costs ~20% (0.433 s against 0.357 s). Deciding from the load at start (this
+module's earlier default) spun for good when the load came later (14x). So the default is
+**passive**: ~20% slower on a quiet machine, 4-5x faster than OpenMP's own wait whenever
+something else runs. The choice is written into the environment, which child processes inherit. The thread
+*count* is left alone: it changes the rounding of every reduction, so it is part of a run's
+identity (docs/design.md, Determinism); set it with ``OMP_NUM_THREADS``.
 
-``AGENTR1_OMP_WAIT``: ``auto`` (default), ``passive``, ``default`` (OpenMP's own), or ``off``
-(touch nothing). ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` set by the user always win.
+``AGENTR1_OMP_WAIT``: ``passive`` (default), ``auto`` (passive when other programs kept >= 0.5
+core busy as the process started, else OpenMP's own: for a machine nothing else will use),
+``default`` (OpenMP's own), or ``off`` (touch nothing). ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``
+set by the user always win.
 """
 from __future__ import annotations
 
@@ -29,8 +35,9 @@ if TYPE_CHECKING:
     import torch
 
 CHOICE_ENV = "AGENTR1_OMP_WAIT"
+DEFAULT_CHOICE = "passive"
 BUSY_CORES = 0.5
-"""Cores the other programs must keep busy, at start, for the passive wait policy."""
+"""``auto``: cores the other programs must keep busy, at start, for the passive wait policy."""
 SAMPLE_S = 0.1
 """How long the machine's CPU counters are watched at start."""
 
@@ -66,7 +73,7 @@ def configure_threads(environ: dict | None = None, busy: float | None = None) ->
     decided it; returns what was done: ``"passive"``, ``"default"``, ``"user"`` or ``"off"``.
     ``busy`` replaces the measurement (tests)."""
     env = os.environ if environ is None else environ
-    choice = env.get(CHOICE_ENV, "auto").strip().lower()
+    choice = env.get(CHOICE_ENV, DEFAULT_CHOICE).strip().lower()
     if choice == "off":
         return "off"
     if "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env:

@@ -1,5 +1,6 @@
-"""How OpenMP threads wait (agentr1/device.py): chosen once from what the machine is doing,
-never over the user's own setting, inherited by child processes."""
+"""How OpenMP threads wait (agentr1/device.py): passive unless told otherwise (``auto`` chooses
+from what the machine is doing at start), never over the user's own setting, inherited by child
+processes."""
 from __future__ import annotations
 
 import os
@@ -11,16 +12,24 @@ import pytest
 from agentr1 import device as threads
 
 
-def test_a_busy_machine_gets_the_passive_wait_policy_and_children_inherit_it():
+@pytest.mark.parametrize("busy", [0.0, 1.7])
+def test_the_default_is_passive_whatever_the_load_at_start(busy):
+    # Load that arrives after OpenMP started cannot change its policy: a quiet start is no promise.
     env: dict[str, str] = {}
+    assert threads.configure_threads(env, busy=busy) == "passive"
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env[threads.CHOICE_ENV] == "passive"
+
+
+def test_auto_on_a_busy_machine_gets_the_passive_wait_policy_and_children_inherit_it():
+    env = {threads.CHOICE_ENV: "auto"}
     assert threads.configure_threads(env, busy=1.7) == "passive"
     assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env[threads.CHOICE_ENV] == "passive"
     # A child process started with this environment keeps the parent's choice, whatever it measures.
     assert threads.configure_threads(env, busy=0.0) == "user"
 
 
-def test_an_idle_machine_keeps_openmp_s_default_and_says_so_to_children():
-    env: dict[str, str] = {}
+def test_auto_on_an_idle_machine_keeps_openmp_s_default_and_says_so_to_children():
+    env = {threads.CHOICE_ENV: "auto"}
     assert threads.configure_threads(env, busy=0.1) == "default"
     assert "OMP_WAIT_POLICY" not in env and env[threads.CHOICE_ENV] == "default"
     assert threads.configure_threads(env, busy=3.0) == "default"  # a child beside its busy parent
@@ -56,7 +65,7 @@ def test_importing_agentr1_sets_the_policy_before_torch_loads():
             "print(os.environ['AGENTR1_OMP_WAIT'])")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", threads.CHOICE_ENV)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() in ("passive", "default")
+    assert out.stdout.strip() == "passive"
 
 
 @pytest.mark.parametrize("given, expected", [(None, "cpu"), ("cuda", "cuda")])
