@@ -2,9 +2,13 @@
 
 Both sides, one after the other in one process, get:
 
-- the **same model**: the policy of one warm-up checkpoint of the config's from-scratch Qwen2
-  (``--checkpoint DIR``; by default the default run's ``runs/default/warmup``, else a short
-  warm-up trained here and kept for later runs), loaded fresh for each side;
+- the **same model**: the policy of one warm-up checkpoint of the config's model, the
+  from-scratch Qwen2 (``conf/train.yaml``) or SmolLM2-135M-Instruct (``conf/smollm2.yaml``)
+  (``--checkpoint DIR``; by default the config's own run's ``output_dir/warmup`` when a finished
+  one of that configuration is there, else a short warm-up trained here and kept in ``--out``
+  for later runs), loaded fresh for each side, with the same layers trained: where the config
+  trains only the top ``model.trainable_layers``, TRL's copy has the embeddings, the LM head and
+  the layers below frozen as the project's (:func:`models.policy.freeze_below_top`);
 - the **same environment**: this project's :class:`~agentr1.env.qa.env.QAEnv` (BM25 search over
   ``data/corpus.jsonl``, the same reward rules); TRL reaches it through ``environment_factory``
   (a ``search(query)`` tool that steps the same env with the same tool-call text) and a reward
@@ -14,7 +18,9 @@ Both sides, one after the other in one process, get:
   (``env.max_turn_tokens``) and context (``env.max_context_tokens``), the same stop tokens;
 - the **same updates**: per iteration ``ppo.epochs`` passes of ``64 / ppo.minibatch_size``
   optimizer steps (TRL: ``num_iterations`` = epochs, ``steps_per_generation`` = minibatches),
-  the same clip range, KL coefficient to the warm-up policy, learning rate and AdamW.
+  the same clip range, KL coefficient to the warm-up policy, learning rate and AdamW, at the
+  same precision (``ppo.mixed_precision``, ``auto`` resolved as the project resolves it: bf16
+  autocast where the device computes bf16 natively).
 
 Differences that are the frameworks' own, kept on purpose: a turn with no parseable tool call
 ends a TRL episode, while the project's environment answers it with an error observation and
@@ -25,7 +31,9 @@ iteration here against TRL's 1.0 and 2,991), and the script says so. TRL generat
 ``model.generate`` (its default without a vLLM server), this project with its configured
 rollout backend (``rollout.backend``, ``auto`` = vLLM where installed); TRL renders a tool turn
 from its chat template (no end-of-turn token after a turn stopped at ``</tool_call>``, one token
-less per tool call than the project's observation). Start-up (building the trainer or session,
+less per tool call than the project's observation). With frozen lower layers the project runs
+the frozen trunk once per batch and shares its activations between scoring and the update; TRL
+runs the whole model at each pass (gradients stop at the frozen layers on both sides). Start-up (building the trainer or session,
 the vLLM engine) is timed apart from the iterations.
 
 Printed: seconds per iteration (mean over the timed iterations; the first is reported apart when
@@ -36,10 +44,11 @@ iteration), and the ratios project / TRL. On a shared machine run it with ``OMP_
 with several jobs on the cores, multi-threaded kernels spin and wait, and the two sides' times
 then depend on what else ran meanwhile more than on the frameworks. Usage::
 
-    python benchmarks/vs_trl.py [--iterations 2] [--quick] [--checkpoint RUN/warmup] [-o key=value]
+    python benchmarks/vs_trl.py [--config conf/smollm2.yaml] [--iterations 2] [--quick] [--checkpoint RUN/warmup] [-o key=value]
 
-Needs the ``bench`` extra (``pip install -e '.[bench]'``: TRL). Nothing is downloaded: the
-model and tokenizer come from the local warm-up directory (``HF_HUB_OFFLINE=1`` is set).
+Needs the ``bench`` extra (``pip install -e '.[bench]'``: TRL), and for SmolLM2 ``make model``.
+Nothing is downloaded: the model and tokenizer come from the local warm-up directory (a delta
+checkpoint's base from ``model-cache/``; ``HF_HUB_OFFLINE=1`` is set).
 """
 from __future__ import annotations
 
@@ -50,15 +59,19 @@ import os
 import statistics
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is local; a hub lookup would be a bug
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # environment_factory is flagged experimental
 
+
 import torch  # noqa: E402
 
 from agentr1.config import load_config  # noqa: E402
+from cli.console import setup_logging  # noqa: E402
+from agentr1.rl.distributed import training_precision  # noqa: E402
 from agentr1.env.protocol import format_tool_call  # noqa: E402
 from agentr1.rollout.vllm_backend import shutdown_engines  # noqa: E402
 from agentr1.recipe.ppo import PPOSession, iteration_records  # noqa: E402
@@ -69,9 +82,7 @@ from agentr1.rundir import WARMUP_DIR  # noqa: E402
 # GRPO groups: 8 questions x 8 samples make the 64-episode batch.
 GROUP_SIZE = 8
 EPISODES = 64
-# The policy both sides start from by default: the default run's warm-up (`make run` writes it).
-DEFAULT_CHECKPOINT = Path("runs/default") / WARMUP_DIR
-# Without it, a short warm-up (demonstration steps only) is trained and kept in --out.
+# Without the config's own warm-up, a short one (demonstration steps only) is trained and kept in --out.
 WARMUP_STEPS, WARMUP_EPISODES = 150, 2000
 # Turns per episode further apart than this mean the two sides did different work.
 SAME_WORK_TOLERANCE = 0.1
@@ -121,14 +132,15 @@ def bench_config(args):
     return load_config(args.config, overrides)
 
 
-def prepare_warmup(cfg, ws: Workspace, checkpoint: str | None) -> Path:
-    """The policy both sides start from: ``checkpoint``, else the default run's warm-up when it
-    exists, else ``output_dir/warmup`` (trained now unless a finished warm-up of this
-    configuration is already there: later runs reuse it)."""
+def prepare_warmup(cfg, ws: Workspace, checkpoint: str | None, own) -> Path:
+    """The policy both sides start from: ``checkpoint``, else the warm-up of the config's own run
+    (``own``: the config as given, whose ``output_dir/warmup`` ``agentr1 train`` writes) when a
+    finished one is there, else ``cfg.output_dir/warmup`` (trained now unless a finished warm-up
+    of this configuration is already there: later runs reuse it)."""
     if checkpoint:
         return Path(checkpoint)
-    if (DEFAULT_CHECKPOINT / "config.json").exists():
-        return DEFAULT_CHECKPOINT
+    if (theirs := finished_warmup(own)) is not None:
+        return theirs
     out = finished_warmup(cfg)
     if out is None:
         t0 = time.perf_counter()
@@ -210,15 +222,43 @@ class QAToolEnv:
         return self.reward
 
 
+# SmolLM2's ChatML template renders each message's content only; TRL renders the assistant's
+# tool calls from a message's ``tool_calls``. This renders them after the content in the project's
+# canonical call text (agentr1.env.protocol.format_call: one JSON object between the tags).
+_CHATML_CONTENT = "message['content']"
+
+
+def _chatml_with_tool_calls(template: str) -> str:
+    """A ChatML template that renders content only, made to render ``tool_calls`` too (each as
+    ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, as the project's policy writes
+    them); a template of another shape is an error naming what this benchmark expects."""
+    if template.count(_CHATML_CONTENT) != 1:
+        raise SystemExit("vs_trl: the model's chat template renders no tool calls and is not a ChatML template "
+                         f"with one {_CHATML_CONTENT}: give TRL a template that renders tool_calls")
+    calls = ("{%- for call in message.get('tool_calls') or [] -%}"
+             "{{ '<tool_call>' + ({'name': call['function']['name'], 'arguments': call['function']['arguments']}"
+             " | tojson) + '</tool_call>' }}{%- endfor -%}")
+    head, tail = template.split(_CHATML_CONTENT)
+    # SmolLM2: "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    before, sep, after = tail.partition("+ '<|im_end|>'")
+    if not sep:
+        raise SystemExit("vs_trl: the ChatML template's content is not followed by + '<|im_end|>'")
+    return head + "(message['content'] or '')" + before + "}}" + calls + "{{'<|im_end|>'" + after
+
+
 def trl_tokenizer(tokenizer, tools_in_prompt: bool):
-    """A copy of the project's tokenizer set up as TRL needs it: left padding, and a response
-    template to parse tool calls (the project's template renders turns like Qwen3's, so TRL's
-    Qwen3 parser reads them). With ``env.tools_in_prompt: false`` the template ignores tools,
-    so TRL's prompts are the project's ids exactly."""
-    from trl.chat_template_utils import qwen3_template
+    """A copy of the project's tokenizer set up as TRL needs it: left padding, a chat template
+    that renders tool calls (the project's from-scratch template does; SmolLM2's ChatML renders
+    content only, and gets :func:`_chatml_with_tool_calls`), and a response template to parse
+    them (both render turns like Qwen3's, so TRL's Qwen3 parser reads them). With
+    ``env.tools_in_prompt: false`` the template ignores tools, so TRL's prompts are the project's
+    ids exactly."""
+    from trl.chat_template_utils import qwen3_template, supports_tool_calling
 
     tok = copy.deepcopy(tokenizer)
     tok.padding_side = "left"
+    if not supports_tool_calling(tok):
+        tok.chat_template = _chatml_with_tool_calls(tok.chat_template)
     if not tools_in_prompt:
         tok.chat_template = "{%- set tools = none -%}" + tok.chat_template
     tok.response_template = qwen3_template
@@ -228,11 +268,11 @@ def trl_tokenizer(tokenizer, tools_in_prompt: bool):
 def run_trl(cfg, ws: Workspace, warmup_dir: Path, scratch: Path) -> Side:
     """TRL's GRPOTrainer on the same work; one iteration = one generation batch and its updates."""
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from models.chat import ChatFormat
-    from models.policy import load_causal_lm
+    from models.policy import freeze_below_top, load_causal_lm
 
     side = Side("trl")
     p, env_cfg = cfg.ppo, cfg.env
@@ -252,7 +292,8 @@ def run_trl(cfg, ws: Workspace, warmup_dir: Path, scratch: Path) -> Side:
 
     args = GRPOConfig(
         output_dir=str(scratch / "trl"), report_to="none", save_strategy="no", logging_steps=1,
-        disable_tqdm=True, use_cpu=ws.device.type == "cpu", bf16=p.mixed_precision == "bf16", seed=cfg.seed,
+        disable_tqdm=True, use_cpu=ws.device.type == "cpu",
+        bf16=training_precision(p.mixed_precision, ws.device) == "bf16", seed=cfg.seed,
         learning_rate=p.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=p.max_grad_norm,
         per_device_train_batch_size=p.minibatch_size, gradient_accumulation_steps=1,
@@ -275,6 +316,8 @@ def run_trl(cfg, ws: Workspace, warmup_dir: Path, scratch: Path) -> Side:
 
     t0 = time.perf_counter()
     policy = load_causal_lm(warmup_dir)
+    if cfg.model.trainable_layers is not None:  # the layers the project trains, and no others
+        freeze_below_top(policy, cfg.model.trainable_layers)
     # TRL stops a turn at, and cuts the completion after, the model's eos ids: make them the
     # project's stop tokens (</tool_call>, </answer>, the end of turn).
     policy.generation_config.eos_token_id = list(chat.stop_token_ids)
@@ -311,6 +354,7 @@ def run_trl(cfg, ws: Workspace, warmup_dir: Path, scratch: Path) -> Side:
                 print(f"  trl iteration {len(side.seconds)}: {side.seconds[-1]:.2f}s", flush=True)
 
     trainer.add_callback(Clock())
+    trainer.remove_callback(PrinterCallback)  # its per-step dicts: the iterations' lines say what is needed
     trainer.train()
     return side
 
@@ -320,17 +364,21 @@ def main() -> None:
     ap.add_argument("--config", default="conf/train.yaml")
     ap.add_argument("--iterations", type=int, default=2, help="iterations per side (the first is reported apart)")
     ap.add_argument("--quick", action="store_true", help="1 iteration per side")
-    ap.add_argument("--checkpoint", help=f"a warm-up directory (default: {DEFAULT_CHECKPOINT} when it exists, "
-                                         "else a short warm-up trained here)")
-    ap.add_argument("--out", default="runs/bench-vs-trl", help="where the short warm-up is kept between runs")
+    ap.add_argument("--checkpoint", help="a warm-up directory (default: the config's output_dir/warmup when "
+                                         "agentr1 train finished one, else a short warm-up trained here)")
+    ap.add_argument("--out", help="where the short warm-up is kept between runs (default: "
+                                  "runs/bench-vs-trl/<config name>)")
     ap.add_argument("--warmup-steps", type=int, default=WARMUP_STEPS)
     ap.add_argument("-o", "--override", action="append", default=[])
     args = ap.parse_args()
+    setup_logging()  # the warm-up's progress; vLLM (imported later) and TRL's version notes quiet
+    warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
     if args.quick:
         args.iterations = 1
+    args.out = args.out or str(Path("runs/bench-vs-trl") / Path(args.config).stem)
     cfg = bench_config(args)
     ws = Workspace.build(cfg)
-    warmup_dir = prepare_warmup(cfg, ws, args.checkpoint)
+    warmup_dir = prepare_warmup(cfg, ws, args.checkpoint, own=load_config(args.config, args.override))
     with tempfile.TemporaryDirectory(prefix="vs_trl-") as scratch:
         print(f"threads {torch.get_num_threads()}, rollout backend {cfg.rollout.backend}, "
               f"{EPISODES} episodes/iteration ({EPISODES // GROUP_SIZE} questions x {GROUP_SIZE}), "

@@ -183,17 +183,24 @@ def train_top_layers(model: ActorCritic, trainable_layers: int | None) -> ActorC
     starts (see :class:`ActorCritic`)."""
     if trainable_layers is None:
         return model
-    base = _base_lm(model.policy)
-    n = len(base.model.layers)
+    model.frozen_layers = freeze_below_top(_base_lm(model.policy), trainable_layers)
+    return model
+
+
+def freeze_below_top(lm: PreTrainedModel, trainable_layers: int) -> int:
+    """Freeze a causal LM's embeddings (tied to its LM head), its LM head and every decoder layer
+    below the top ``trainable_layers``; returns how many layers are frozen. What
+    :func:`train_top_layers` does to a policy, for a bare model (a peer's trainer in
+    ``benchmarks/vs_trl.py``)."""
+    n = len(lm.model.layers)
     if not 1 <= trainable_layers <= n:
         raise ValueError(f"model.trainable_layers: {trainable_layers}, the model has {n} decoder layers")
     frozen = n - trainable_layers
-    base.model.embed_tokens.requires_grad_(False)
-    base.get_output_embeddings().requires_grad_(False)
-    for layer in base.model.layers[:frozen]:
+    lm.model.embed_tokens.requires_grad_(False)
+    lm.get_output_embeddings().requires_grad_(False)
+    for layer in lm.model.layers[:frozen]:
         layer.requires_grad_(False)
-    model.frozen_layers = frozen
-    return model
+    return frozen
 
 
 def without_dropout(model: nn.Module) -> int:
