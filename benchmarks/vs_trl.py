@@ -33,8 +33,8 @@ rollout backend (``rollout.backend``, ``auto`` = vLLM where installed); TRL rend
 from its chat template (no end-of-turn token after a turn stopped at ``</tool_call>``, one token
 less per tool call than the project's observation). With frozen lower layers the project runs
 the frozen trunk once per batch and shares its activations between scoring and the update; TRL
-runs the whole model at each pass (gradients stop at the frozen layers on both sides). Start-up (building the trainer or session,
-the vLLM engine) is timed apart from the iterations.
+runs the whole model at each pass (gradients stop at the frozen layers on both sides). Start-up
+(building the trainer or session, the vLLM engine) is timed apart from the iterations.
 
 Printed: seconds per iteration (mean over the timed iterations; the first is reported apart when
 there are more than one, as it warms caches) of wall clock and of this process's CPU time (all
@@ -66,11 +66,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is local; a hub lookup would be a bug
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # environment_factory is flagged experimental
 
-
 import torch  # noqa: E402
 
 from agentr1.config import load_config  # noqa: E402
-from cli.console import setup_logging  # noqa: E402
 from agentr1.rl.distributed import training_precision  # noqa: E402
 from agentr1.env.protocol import format_tool_call  # noqa: E402
 from agentr1.rollout.vllm_backend import shutdown_engines  # noqa: E402
@@ -78,6 +76,7 @@ from agentr1.recipe.ppo import PPOSession, iteration_records  # noqa: E402
 from agentr1.recipe.warmup import finished_warmup, warmup  # noqa: E402
 from agentr1.recipe.workspace import Workspace  # noqa: E402
 from agentr1.rundir import WARMUP_DIR  # noqa: E402
+from cli.console import setup_logging  # noqa: E402
 
 # GRPO groups: 8 questions x 8 samples make the 64-episode batch.
 GROUP_SIZE = 8

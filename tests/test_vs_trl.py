@@ -32,16 +32,17 @@ def vs_trl():
 
 
 @pytest.fixture(scope="module")
-def tokenizers():
+def smollm2_like():
+    """A small tokenizer with SmolLM2's chat template (the template is what is under test)."""
     from models.tokenizer import build_tokenizer
 
-    theirs = build_tokenizer([f"question {i} search the corpus" for i in range(20)], vocab_size=300)
-    theirs.chat_template = SMOLLM2_TEMPLATE
-    return theirs
+    tok = build_tokenizer([f"question {i} search the corpus" for i in range(20)], vocab_size=300)
+    tok.chat_template = SMOLLM2_TEMPLATE
+    return tok
 
 
-def test_tool_calls_render_as_the_policy_writes_them_and_the_rest_as_before(vs_trl, tokenizers):
-    ours = tokenizers
+def test_tool_calls_render_as_the_policy_writes_them_and_the_rest_as_before(vs_trl, smollm2_like):
+    ours = smollm2_like
     tok = copy.deepcopy(ours)
     tok.chat_template = vs_trl._chatml_with_tool_calls(SMOLLM2_TEMPLATE)
     call = {"type": "function", "function": {"name": "search", "arguments": {"query": "Ünïcode \"quoted\""}}}
