@@ -90,9 +90,20 @@ def _select(cfg: Config, skips: tuple[str, ...], keeps: tuple[str, ...] = ()) ->
     return {k: v for k, v in sorted(flat.items()) if k in keeps or not k.startswith(skips)}
 
 
-def warmup_identity(cfg: Config) -> dict[str, Any]:
-    """The config keys a warm-up depends on (flat, JSON-ready)."""
-    return json.loads(json.dumps(_select(cfg, _WARMUP_SKIPS, _WARMUP_KEEPS)))
+def _warmup_skips(cfg: Config) -> tuple[str, ...]:
+    # The demonstrations' rewards reach a warm-up only through the value-head fit: without one
+    # (GRPO), a warm-up serves any reward weights (an outcome-only variant reuses it).
+    return _WARMUP_SKIPS if cfg.sft.value_fit_episodes else (*_WARMUP_SKIPS, "reward.")
+
+
+def warmup_identity(cfg: Config, recorded: dict | None = None) -> dict[str, Any]:
+    """The config keys a warm-up depends on (flat, JSON-ready); with ``recorded`` (a finished
+    warm-up's record), that record read the same way, so that keys an older version recorded
+    but that do not matter to this configuration are left out of the comparison."""
+    if recorded is not None:
+        skips = _warmup_skips(cfg)
+        return {k: v for k, v in recorded.items() if k in _WARMUP_KEEPS or not k.startswith(skips)}
+    return json.loads(json.dumps(_select(cfg, _warmup_skips(cfg), _WARMUP_KEEPS)))
 
 
 def ppo_identity(cfg: Config) -> dict[str, Any]:

@@ -295,6 +295,25 @@ def test_a_warm_up_is_reused_only_with_its_own_configuration(data_dir, warm, tmp
     assert finished_warmup(same) == out / "warmup"
     with pytest.raises(ConfigError, match="sft.steps"):
         finished_warmup(load_config("conf/train.yaml", overrides(data_dir, out, "sft.steps=5")))
+    # The value head was fitted to the demonstrations' returns: other reward weights, another warm-up.
+    with pytest.raises(ConfigError, match="reward.format_answer"):
+        finished_warmup(load_config("conf/train.yaml", overrides(data_dir, out, "reward.format_answer=0")))
+
+
+def test_reward_weights_belong_to_a_warm_up_only_through_its_value_fit():
+    from agentr1.rundir import check_same_config, warmup_identity
+
+    fitted = load_config("conf/train.yaml", ["sft.value_fit_episodes=64"])
+    assert "reward.outcome_em" in warmup_identity(fitted)
+    no_fit = load_config("conf/train.yaml", ["sft.value_fit_episodes=0"])  # as GRPO presets have it
+    recorded = {**warmup_identity(no_fit), "reward.process_new_support": 0.1}  # as written before this rule
+    outcome_only = load_config("conf/train.yaml", ["sft.value_fit_episodes=0", "reward.process_new_support=0",
+                                                   "reward.format_answer=0"])
+    assert not any(k.startswith("reward.") for k in warmup_identity(outcome_only))
+    check_same_config(warmup_identity(outcome_only, recorded), warmup_identity(outcome_only), Path("w"), "")
+    with pytest.raises(ConfigError, match="sft.lr"):
+        check_same_config(warmup_identity(outcome_only, {**recorded, "sft.lr": 1.0}),
+                          warmup_identity(outcome_only), Path("w"), "")
 
 
 # ----------------------------------------------------------------------------- interrupted swaps

@@ -257,6 +257,7 @@ def finished_warmup(cfg: Config) -> Path | None:
     if not stats.exists():
         return None
     verify_manifest(out, f"delete {out} to warm up again")
-    check_same_config(json.loads(stats.read_text()).get("config"), warmup_identity(cfg), out,
+    recorded = json.loads(stats.read_text()).get("config")
+    check_same_config(recorded and warmup_identity(cfg, recorded), warmup_identity(cfg), out,
                       f"use another output_dir, or delete {out} to warm up again")
     return out
