@@ -36,6 +36,14 @@ the frozen trunk once per batch and shares its activations between scoring and t
 runs the whole model at each pass (gradients stop at the frozen layers on both sides). Start-up
 (building the trainer or session, the vLLM engine) is timed apart from the iterations.
 
+**An equal wall-clock budget** (``--budget-s S``): each side trains until its iterations have
+taken ``S`` seconds (checked between iterations, so the iteration that crosses ``S`` completes;
+start-up is not counted; ``--iterations`` is then only a cap), and then its policy, and the
+warm-up both started from, are evaluated by the project's evaluator (:func:`run_eval`: greedy
+and sampled, fresh vLLM engine or hf as configured) on ``eval.split``, its first
+``eval.max_examples`` questions when set (``-o eval.max_examples=N``). Both sides are scored by
+the same code on the same questions; what differs is only how many iterations each fitted in.
+
 Printed: seconds per iteration (mean over the timed iterations; the first is reported apart when
 there are more than one, as it warms caches) of wall clock and of this process's CPU time (all
 its threads: on a shared machine the wall clock also counts waiting for a core), sampled
@@ -45,6 +53,7 @@ with several jobs on the cores, multi-threaded kernels spin and wait, and the tw
 then depend on what else ran meanwhile more than on the frameworks. Usage::
 
     python benchmarks/vs_trl.py [--config conf/smollm2.yaml] [--iterations 2] [--quick] [--checkpoint RUN/warmup] [-o key=value]
+    python benchmarks/vs_trl.py --config conf/smollm2.yaml --budget-s 600 [-o eval.max_examples=100]
 
 Needs the ``bench`` extra (``pip install -e '.[bench]'``: TRL), and for SmolLM2 ``make model``.
 Nothing is downloaded: the model and tokenizer come from the local warm-up directory (a delta
@@ -72,6 +81,7 @@ from agentr1.config import load_config  # noqa: E402
 from agentr1.rl.distributed import training_precision  # noqa: E402
 from agentr1.env.protocol import format_tool_call  # noqa: E402
 from agentr1.rollout.vllm_backend import shutdown_engines  # noqa: E402
+from agentr1.recipe.evaluation import run_eval  # noqa: E402
 from agentr1.recipe.ppo import PPOSession, iteration_records  # noqa: E402
 from agentr1.recipe.warmup import finished_warmup, warmup  # noqa: E402
 from agentr1.recipe.workspace import Workspace  # noqa: E402
@@ -85,6 +95,8 @@ EPISODES = 64
 WARMUP_STEPS, WARMUP_EPISODES = 150, 2000
 # Turns per episode further apart than this mean the two sides did different work.
 SAME_WORK_TOLERANCE = 0.1
+# With --budget-s, the iterations a side may take at most (the budget ends it first).
+BUDGET_ITERATIONS_CAP = 200
 
 
 @dataclass
@@ -99,6 +111,11 @@ class Side:
     model_tokens: list[int] = field(default_factory=list)
     turns: list[float] = field(default_factory=list)
     em: list[float] = field(default_factory=list)
+    policy: object = None  # the trained causal LM, kept for the evaluation after an equal budget
+
+    def spent(self, budget_s: float | None) -> bool:
+        """Whether the iterations so far have used up ``budget_s`` seconds (never, without one)."""
+        return budget_s is not None and sum(self.seconds) >= budget_s
 
     def timed(self) -> list[int]:
         """Indices of the iterations the summary averages (all but the first when there are more)."""
@@ -152,15 +169,16 @@ def prepare_warmup(cfg, ws: Workspace, checkpoint: str | None, own) -> Path:
 # ----------------------------------------------------------------------------- this project
 
 
-def run_project(cfg, ws: Workspace, warmup_dir: Path, scratch: Path) -> Side:
+def run_project(cfg, ws: Workspace, warmup_dir: Path, scratch: Path, budget_s: float | None = None) -> Side:
     """PPO iterations (estimator ``grpo``) exactly as ``agentr1 train`` takes them, from
-    ``warmup_dir``, in ``scratch`` (nothing is saved: the warm-up stays as it was)."""
+    ``warmup_dir``, in ``scratch`` (nothing is saved: the warm-up stays as it was), until
+    ``ppo.iterations`` or ``budget_s`` seconds of iterations."""
     side = Side("agentr1")
     (scratch / WARMUP_DIR).symlink_to(warmup_dir.resolve(), target_is_directory=True)
     t0 = time.perf_counter()
     session = PPOSession(cfg.model_copy(update={"output_dir": str(scratch)}), ws)
     side.startup_s = time.perf_counter() - t0
-    for _ in range(cfg.ppo.iterations):
+    while len(side.seconds) < cfg.ppo.iterations and not side.spent(budget_s):
         t0, c0 = time.perf_counter(), time.process_time()
         m = session.iterate()
         side.seconds.append(time.perf_counter() - t0)
@@ -171,6 +189,7 @@ def run_project(cfg, ws: Workspace, warmup_dir: Path, scratch: Path) -> Side:
         side.em.append(m["rollout/em"])
         print(f"  agentr1 iteration {len(side.seconds)}: {side.seconds[-1]:.2f}s, "
               f"em {m['rollout/em']:.3f}, turns {m['rollout/turns']:.2f}", flush=True)
+    side.policy = session.policy.policy
     shutdown_engines()  # TRL's turn: free the vLLM engine's KV cache and weight copy
     return side
 
@@ -264,8 +283,9 @@ def trl_tokenizer(tokenizer, tools_in_prompt: bool):
     return tok
 
 
-def run_trl(cfg, ws: Workspace, warmup_dir: Path, scratch: Path) -> Side:
-    """TRL's GRPOTrainer on the same work; one iteration = one generation batch and its updates."""
+def run_trl(cfg, ws: Workspace, warmup_dir: Path, scratch: Path, budget_s: float | None = None) -> Side:
+    """TRL's GRPOTrainer on the same work; one iteration = one generation batch and its updates;
+    until ``ppo.iterations`` or ``budget_s`` seconds of iterations."""
     from datasets import Dataset
     from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -351,11 +371,36 @@ def run_trl(cfg, ws: Workspace, warmup_dir: Path, scratch: Path) -> Side:
                 side.seconds.append(marks[-1][0] - marks[-2][0])
                 side.cpu_seconds.append(marks[-1][1] - marks[-2][1])
                 print(f"  trl iteration {len(side.seconds)}: {side.seconds[-1]:.2f}s", flush=True)
+                control.should_training_stop = side.spent(budget_s)
 
     trainer.add_callback(Clock())
     trainer.remove_callback(PrinterCallback)  # its per-step dicts: the iterations' lines say what is needed
     trainer.train()
+    side.policy = trainer.model
     return side
+
+
+def evaluate_after_budget(cfg, ws: Workspace, warmup_dir: Path, sides: list[Side], scratch: Path) -> dict:
+    """The warm-up's and each side's trained policy's greedy and sampled metrics on the config's
+    eval split, all by :func:`run_eval` (its files go to ``scratch``)."""
+    from transformers import AutoTokenizer
+
+    from models.chat import ChatFormat
+    from models.policy import ActorCritic, load_causal_lm
+
+    tokenizer = AutoTokenizer.from_pretrained(warmup_dir)
+    chat = ChatFormat(tokenizer, ws.tools)
+    out = cfg.model_copy(update={"output_dir": str(scratch / "eval")})
+    policies = [("warm-up", load_causal_lm(warmup_dir))] + [(s.name, s.policy) for s in sides]
+    scores = {}
+    for name, lm in policies:
+        t0 = time.perf_counter()
+        metrics = run_eval(out, ws, ActorCritic(lm.eval()), tokenizer, chat, name).metrics
+        shutdown_engines()
+        scores[name] = {k: round(metrics[k], 3) for k in ("greedy/em", "sampled/em")}
+        print(f"  {name}: greedy EM {metrics['greedy/em']:.3f}, sampled EM {metrics['sampled/em']:.3f} "
+              f"on {int(metrics['greedy/n'])} {cfg.eval.split} questions ({time.perf_counter() - t0:.0f}s)", flush=True)
+    return scores
 
 
 def main() -> None:
@@ -368,12 +413,16 @@ def main() -> None:
     ap.add_argument("--out", help="where the short warm-up is kept between runs (default: "
                                   "runs/bench-vs-trl/<config name>)")
     ap.add_argument("--warmup-steps", type=int, default=WARMUP_STEPS)
+    ap.add_argument("--budget-s", type=float, help="train each side for this many seconds of iterations, then "
+                                                   "evaluate both (and the warm-up) on eval.split")
     ap.add_argument("-o", "--override", action="append", default=[])
     args = ap.parse_args()
     setup_logging()  # the warm-up's progress; vLLM (imported later) and TRL's version notes quiet
     warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
     if args.quick:
         args.iterations = 1
+    if args.budget_s is not None:
+        args.iterations = BUDGET_ITERATIONS_CAP
     args.out = args.out or str(Path("runs/bench-vs-trl") / Path(args.config).stem)
     cfg = bench_config(args)
     ws = Workspace.build(cfg)
@@ -382,8 +431,9 @@ def main() -> None:
         print(f"threads {torch.get_num_threads()}, rollout backend {cfg.rollout.backend}, "
               f"{EPISODES} episodes/iteration ({EPISODES // GROUP_SIZE} questions x {GROUP_SIZE}), "
               f"{cfg.ppo.epochs} epochs x {EPISODES // cfg.ppo.minibatch_size} minibatches", flush=True)
-        sides = [run_project(cfg, ws, warmup_dir, Path(scratch)),
-                 run_trl(cfg, ws, warmup_dir, Path(scratch))]
+        sides = [run_project(cfg, ws, warmup_dir, Path(scratch), args.budget_s),
+                 run_trl(cfg, ws, warmup_dir, Path(scratch), args.budget_s)]
+        scores = None if args.budget_s is None else evaluate_after_budget(cfg, ws, warmup_dir, sides, Path(scratch))
     results = {s.name: s.summary() for s in sides}
     ours, trl = results["agentr1"], results["trl"]
     results["ratio_agentr1_over_trl"] = {
@@ -401,6 +451,12 @@ def main() -> None:
               f"{r['cpu_s_per_iter']:.2f} | {r['turns_per_episode']:.2f} | {r['em']:.3f} | "
               f"{r['sampled_tokens_per_iter']:.0f} | "
               f"{r['sampled_tokens_per_s']:.0f} | {r['model_tokens_per_s']:.0f} |")
+    if scores is not None:
+        results["after_budget"] = scores
+        print(f"\nAfter {args.budget_s:.0f} s of iterations each, {cfg.eval.split} EM (greedy / sampled):")
+        print("| policy | iterations | greedy EM | sampled EM |\n|---|---:|---:|---:|")
+        for name, n in (("warm-up", 0), *((s.name, len(s.seconds)) for s in sides)):
+            print(f"| {name} | {n} | {scores[name]['greedy/em']:.3f} | {scores[name]['sampled/em']:.3f} |")
     ratio = results["ratio_agentr1_over_trl"]
     print(f"\nagentr1 / TRL seconds per iteration: {ratio['s_per_iter']:.3f} wall clock, "
           f"{ratio['cpu_s_per_iter']:.3f} CPU time (goal <= 0.5)")
