@@ -454,9 +454,9 @@ def main() -> None:
     if scores is not None:
         results["after_budget"] = scores
         print(f"\nAfter {args.budget_s:.0f} s of iterations each, {cfg.eval.split} EM (greedy / sampled):")
-        print("| policy | iterations | greedy EM | sampled EM |\n|---|---:|---:|---:|")
-        for name, n in (("warm-up", 0), *((s.name, len(s.seconds)) for s in sides)):
-            print(f"| {name} | {n} | {scores[name]['greedy/em']:.3f} | {scores[name]['sampled/em']:.3f} |")
+        print("| policy | iterations | seconds of iterations | greedy EM | sampled EM |\n|---|---:|---:|---:|---:|")
+        for name, n, sec in (("warm-up", 0, 0.0), *((s.name, len(s.seconds), sum(s.seconds)) for s in sides)):
+            print(f"| {name} | {n} | {sec:.0f} | {scores[name]['greedy/em']:.3f} | {scores[name]['sampled/em']:.3f} |")
     ratio = results["ratio_agentr1_over_trl"]
     print(f"\nagentr1 / TRL seconds per iteration: {ratio['s_per_iter']:.3f} wall clock, "
           f"{ratio['cpu_s_per_iter']:.3f} CPU time (goal <= 0.5)")
