@@ -108,7 +108,7 @@ def build_engine(name: str, cfg, ws, model, tokenizer, chat) -> RolloutEngine:
         return RolloutEngine(baselines[name](), chat, tokenizer, ws.env,
                              RolloutSettings(cfg.env.max_turn_tokens, cfg.env.max_context_tokens))
     return make_engine(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"backend": name})}),
-                       ws.env, model, tokenizer, chat, "cpu")
+                       ws.env, model, tokenizer, chat, torch.device("cpu"))
 
 
 def measure(name: str, cfg, ws, model, tokenizer, chat, records, repeats: int) -> dict[str, float]:
