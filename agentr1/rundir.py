@@ -85,8 +85,7 @@ def claim_run_dir(out: str | Path) -> Path:
     return out
 
 
-def _select(cfg: Config, skips: tuple[str, ...], keeps: tuple[str, ...] = ()) -> dict[str, Any]:
-    flat = flatten(cfg)
+def _select(flat: dict[str, Any], skips: tuple[str, ...], keeps: tuple[str, ...] = ()) -> dict[str, Any]:
     return {k: v for k, v in sorted(flat.items()) if k in keeps or not k.startswith(skips)}
 
 
@@ -101,14 +100,13 @@ def warmup_identity(cfg: Config, recorded: dict | None = None) -> dict[str, Any]
     warm-up's record), that record read the same way, so that keys an older version recorded
     but that do not matter to this configuration are left out of the comparison."""
     if recorded is not None:
-        skips = _warmup_skips(cfg)
-        return {k: v for k, v in recorded.items() if k in _WARMUP_KEEPS or not k.startswith(skips)}
-    return json.loads(json.dumps(_select(cfg, _warmup_skips(cfg), _WARMUP_KEEPS)))
+        return _select(recorded, _warmup_skips(cfg), _WARMUP_KEEPS)
+    return json.loads(json.dumps(_select(flatten(cfg), _warmup_skips(cfg), _WARMUP_KEEPS)))
 
 
 def ppo_identity(cfg: Config) -> dict[str, Any]:
     """The config keys a PPO checkpoint depends on (flat, JSON-ready)."""
-    return json.loads(json.dumps(_select(cfg, _PPO_SKIPS)))
+    return json.loads(json.dumps(_select(flatten(cfg), _PPO_SKIPS)))
 
 
 def changed_keys(before: dict, now: dict) -> list[str]:

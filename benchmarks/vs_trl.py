@@ -84,7 +84,7 @@ from agentr1.rollout.vllm_backend import shutdown_engines  # noqa: E402
 from agentr1.recipe.evaluation import run_eval  # noqa: E402
 from agentr1.recipe.ppo import PPOSession, iteration_records  # noqa: E402
 from agentr1.recipe.warmup import finished_warmup, warmup  # noqa: E402
-from agentr1.recipe.workspace import Workspace  # noqa: E402
+from agentr1.recipe.workspace import Workspace, load_policy  # noqa: E402
 from agentr1.rundir import WARMUP_DIR  # noqa: E402
 from cli.console import setup_logging  # noqa: E402
 
@@ -383,19 +383,15 @@ def run_trl(cfg, ws: Workspace, warmup_dir: Path, scratch: Path, budget_s: float
 def evaluate_after_budget(cfg, ws: Workspace, warmup_dir: Path, sides: list[Side], scratch: Path) -> dict:
     """The warm-up's and each side's trained policy's greedy and sampled metrics on the config's
     eval split, all by :func:`run_eval` (its files go to ``scratch``)."""
-    from transformers import AutoTokenizer
+    from models.policy import ActorCritic
 
-    from models.chat import ChatFormat
-    from models.policy import ActorCritic, load_causal_lm
-
-    tokenizer = AutoTokenizer.from_pretrained(warmup_dir)
-    chat = ChatFormat(tokenizer, ws.tools)
+    warm, tokenizer, chat = load_policy(ws, warmup_dir)
     out = cfg.model_copy(update={"output_dir": str(scratch / "eval")})
-    policies = [("warm-up", load_causal_lm(warmup_dir))] + [(s.name, s.policy) for s in sides]
+    policies = [("warm-up", warm)] + [(s.name, ActorCritic(s.policy)) for s in sides]
     scores = {}
-    for name, lm in policies:
+    for name, model in policies:
         t0 = time.perf_counter()
-        metrics = run_eval(out, ws, ActorCritic(lm.eval()), tokenizer, chat, name).metrics
+        metrics = run_eval(out, ws, model.eval(), tokenizer, chat, name).metrics
         shutdown_engines()
         scores[name] = {k: round(metrics[k], 3) for k in ("greedy/em", "sampled/em")}
         print(f"  {name}: greedy EM {metrics['greedy/em']:.3f}, sampled EM {metrics['sampled/em']:.3f} "
