@@ -105,6 +105,11 @@ class ModelConfig(_Section):
     embeddings, the LM head tied to them and the layers below stay as loaded. PPO then computes
     the frozen layers once per batch for the policy, the reference and every epoch, and the
     reference shares them instead of holding a second copy. None trains every layer."""
+    compile: bool = False
+    """``torch.compile`` (inductor) each decoder layer for the warm-up's and PPO's forward and
+    backward passes (:func:`models.policy.compile_layers`): fewer, fused elementwise kernels where a
+    CPU step is memory-bound, after a minute or two of compiling. Compiled code rounds differently
+    from eager, so a run with it is not bit for bit one without. Sampling (vLLM) is unaffected."""
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":

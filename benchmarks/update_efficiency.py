@@ -26,7 +26,7 @@ the head is trained); attention ``4·d·T`` per token and layer forward, ``8·d�
 row's length, counted as if not causal). The PPO update reuses the frozen layers' output that
 scoring computed (``ScoredBatch.trunk``), so its forward covers the trainable layers only. Usage::
 
-    python benchmarks/update_efficiency.py [--config conf/train.yaml | conf/smollm2.yaml] [--n 2048] [--steps 10] [--profile]
+    python benchmarks/update_efficiency.py [--config conf/train.yaml | conf/smollm2.yaml] [--n 2048] [--steps 10] [--compile] [--profile]
 """
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ from agentr1.rl.guard import StepGuard
 from agentr1.rl.ppo import ppo_update, score_batch
 from agentr1.rl.sft import sft_loss
 from agentr1.rollout.batch import collate
-from models.policy import ModelSpec, attention_for_precision, build_policy, count_parameters, train_top_layers
+from models.policy import (ModelSpec, attention_for_precision, build_policy, compile_layers, count_parameters,
+                           train_top_layers)
 from models.pretrained import load_pretrained
 from models.tokenizer import build_tokenizer
 
@@ -160,6 +161,8 @@ def main() -> None:
     ap.add_argument("--config", default="conf/train.yaml")
     ap.add_argument("--n", type=int, default=2048, help="matmul size of the peak measurement")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
+    ap.add_argument("--compile", action="store_true",
+                    help="also the last precision with each decoder layer compiled, as model.compile: true trains")
     ap.add_argument("--profile", action="store_true",
                     help="also profile the last precision's demonstration step and PPO update: where "
                          "their time goes, by operator")
@@ -198,9 +201,13 @@ def main() -> None:
           f"({100 * shaped['bf16'] / peaks['bf16']:.0f}% of its peak)", flush=True)
 
     rows = []
-    for precision in ("no", "bf16") if native else ("no",):
+    variants = [(p, False) for p in (("no", "bf16") if native else ("no",))]
+    variants += [(variants[-1][0], True)] if args.compile else []
+    for precision, compiled in variants:
         model = make_model(cfg, tokenizer)
         attention_for_precision(model, torch.device("cpu"), precision)
+        if compiled:
+            compile_layers(model)
         acc = make_accelerator(torch.device("cpu"), precision)
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
         model, opt = acc.prepare(model, opt)
@@ -223,8 +230,8 @@ def main() -> None:
         for name, ids, target in (*steps, ("warm-up demo step", demo_ids, demo_target)):
             sec = timed(lambda: sft_step(ids, target), args.steps)
             flops = step_flops(acc.unwrap_model(model), ids.numel(), int(target.sum()), ids.shape[1])
-            rows.append((name, precision, sec, ids.numel() / sec, flops / sec / 1e9))
-        if args.profile and precision == ("bf16" if native else "no"):
+            rows.append((name, precision, compiled, sec, ids.numel() / sec, flops / sec / 1e9))
+        if args.profile and precision == ("bf16" if native else "no") and not compiled:
             profile_step(lambda: sft_step(demo_ids, demo_target), precision, "demonstration step")
 
         hp = ppo_hyper(cfg)
@@ -239,15 +246,16 @@ def main() -> None:
         flops = step_flops(acc.unwrap_model(model), tokens, int(batch.action_mask.sum()) * hp.epochs,
                            batch.input_ids.shape[1], forward_from_trunk=scored.trunk is not None)
         rows.append((f"PPO update ({hp.epochs} epochs x {cfg.ppo.episodes_per_iter // hp.minibatch_size} mb)",
-                     precision, sec, tokens / sec, flops / sec / 1e9))
-        if args.profile and precision == ("bf16" if native else "no"):
+                     precision, compiled, sec, tokens / sec, flops / sec / 1e9))
+        if args.profile and precision == ("bf16" if native else "no") and not compiled:
             profile_step(lambda: ppo_update(model, opt, acc, batch, scored, hp, gen, guard), precision, "PPO update",
                          steps=1)
 
     print("\n| step | precision | s/step | tokens/s | GFLOP/s | % of fp32 peak | % of bf16 peak |")
     print("|---|---|---|---|---|---|---|")
-    for name, precision, sec, tps, gflops in rows:
-        print(f"| {name} | {'fp32' if precision == 'no' else 'bf16 autocast'} | {sec:.3f} | {tps:,.0f} | "
+    for name, precision, compiled, sec, tps, gflops in rows:
+        how = ("fp32" if precision == "no" else "bf16 autocast") + (", compiled layers" if compiled else "")
+        print(f"| {name} | {how} | {sec:.3f} | {tps:,.0f} | "
               f"{gflops:.0f} | {100 * gflops / peaks['fp32']:.0f}% | {100 * gflops / peaks['bf16']:.0f}% |")
 
 

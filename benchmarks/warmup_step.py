@@ -29,8 +29,9 @@ import subprocess
 import sys
 import time
 
-MODES = {"eager": None, "compile": {}, "compile-dynamic": {"dynamic": True}}
-"""Name -> ``torch.compile`` keyword arguments (None: not compiled)."""
+MODES = {"eager": None, "compile": {}, "compile-dynamic": {"dynamic": True}, "compile-layers": "layers"}
+"""Name -> ``torch.compile`` keyword arguments for the whole model (None: not compiled;
+``"layers"``: each decoder layer, as ``model.compile: true`` trains, :func:`models.policy.compile_layers`)."""
 BATCHES = 6
 """Distinct batches the steps cycle through (their shapes differ)."""
 
@@ -47,7 +48,7 @@ def child(mode: str, steps: int, skip: int = 2, config: str = "conf/train.yaml")
     from agentr1.rl.optim import MuonWithAdamW, muon_groups
     from agentr1.rl.sft import pad_episodes, sft_loss
     from benchmarks.update_efficiency import EPISODE, make_model, synthetic_episode
-    from models.policy import ActorCritic, ModelSpec, attention_for_precision
+    from models.policy import ActorCritic, ModelSpec, attention_for_precision, compile_layers
     from models.pretrained import load_pretrained
 
     cfg = load_config(config)
@@ -66,7 +67,11 @@ def child(mode: str, steps: int, skip: int = 2, config: str = "conf/train.yaml")
     vocab = model.policy.config.vocab_size
     opt = (MuonWithAdamW(muon_groups(model, cfg.sft.muon_lr, cfg.sft.lr, 0.0)) if cfg.sft.optimizer == "muon" else
            torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=cfg.sft.lr, weight_decay=0.0))
-    forward = model if MODES[mode] is None else torch.compile(model, **MODES[mode])
+    forward = model
+    if MODES[mode] == "layers":
+        compile_layers(model)
+    elif MODES[mode] is not None:
+        forward = torch.compile(model, **MODES[mode])
     rng = random.Random(0)
     prompt, turn, observation, _ = EPISODE["pretrained" if cfg.model.kind == "pretrained" else "scratch"]
     batches = []

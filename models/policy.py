@@ -85,6 +85,9 @@ class ActorCritic(nn.Module):
     """
 
     frozen_layers: int = 0
+    compiled: bool = False
+    """True once :func:`compile_layers` compiled the decoder layers: the losses then read the LM
+    head's logits through a compiled function too (``agentr1.rl.core.token_stats_for``)."""
 
     def __init__(self, policy: nn.Module, value_head: nn.Linear | None = None):
         super().__init__()
@@ -185,6 +188,20 @@ def train_top_layers(model: ActorCritic, trainable_layers: int | None) -> ActorC
         return model
     model.frozen_layers = freeze_below_top(_base_lm(model.policy), trainable_layers)
     return model
+
+
+def compile_layers(model: ActorCritic) -> int:
+    """``torch.compile`` (inductor) every decoder layer of ``model``'s policy in place
+    (``model.compile``); returns how many. One layer's code serves all of them, so this compiles a
+    few small graphs (with and without gradients, a new shape once) where compiling the whole
+    model would unroll 30 layers; the masks, rotary embeddings, LM head and losses stay eager, and
+    the module tree and its state dict are unchanged (checkpoints, vLLM syncs). On SmolLM2's
+    warm-up step it runs its elementwise operators and bf16 casts fused: docs/benchmarks.md."""
+    layers = _base_lm(model.policy).model.layers
+    for layer in layers:
+        layer.compile()
+    model.compiled = True
+    return len(layers)
 
 
 def freeze_below_top(lm: PreTrainedModel, trainable_layers: int) -> int:

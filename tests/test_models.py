@@ -573,3 +573,58 @@ def test_bf16_on_cpu_switches_to_eager_attention_with_the_same_outputs(tok):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits, values = model(x, attention_mask=mask)
     assert torch.isfinite(logits).all() and logits.dtype == torch.float32
+
+
+def test_compiled_layers_compute_the_same_function_and_keep_the_state_dict(qwen_dir):
+    """model.compile: true compiles each decoder layer in place (models.policy.compile_layers) and
+    reads the logits through a compiled token_stats. The log-probs, entropies and values PPO
+    reads (padded rows, logits at some positions, the frozen trunk handed in as the update does),
+    their gradients and the state dict's keys are the eager model's."""
+    from agentr1.rl.ppo import forward_tokens
+    from models.policy import compile_layers, train_top_layers
+
+    eager, qtok = load_pretrained(qwen_dir)
+    compiled, _ = load_pretrained(qwen_dir)
+    for m in (eager, compiled):
+        train_top_layers(m, 1)
+    assert compile_layers(compiled) == 2 and compiled.compiled and not eager.compiled
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    g = torch.Generator().manual_seed(0)
+    for length in (9, 13):  # a second shape: the layers recompile, for every later length
+        ids = torch.randint(0, len(qtok), (3, length), generator=g)
+        attention = torch.ones_like(ids)
+        attention[0, :3] = 0  # one left-padded row
+        at = torch.rand(ids[:, 1:].shape, generator=g) < 0.5
+        outs = []
+        for m in (eager, compiled):
+            trunk = m.trunk_states(ids, attention)
+            logp, values, ent = forward_tokens(m, ids, attention, 1.3, with_entropy=True, positions=at, trunk=trunk)
+            (logp.sum() + ent.sum() + values.square().mean()).backward()
+            outs.append((logp, values, ent, {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}))
+            m.zero_grad(set_to_none=True)
+        *got, g2 = outs[1]
+        *want, g1 = outs[0]
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        assert g1.keys() == g2.keys() and any("layers.1." in n for n in g1) and not any("layers.0." in n for n in g1)
+        for n in g1:
+            torch.testing.assert_close(g2[n], g1[n], atol=1e-4, rtol=1e-3)
+
+
+def test_a_run_with_compiled_layers_trains_samples_and_saves(qwen_dir, tmp_path):
+    """model.compile: true through a whole run: the warm-up's steps and value fit, hf sampling
+    (generate with a KV cache) through the compiled layers, PPO's scoring and update, the
+    evaluations; what it saves loads back uncompiled."""
+    from agentr1.config import load_config
+    from agentr1.recipe.stages import train
+
+    cfg = load_config("conf/train.yaml", [
+        f"data.dir={tmp_path / 'data'}", f"output_dir={tmp_path / 'run'}", "data.synth.n_train=8",
+        "data.synth.n_dev=2", "data.synth.n_test=2", "rollout.backend=hf", "env.max_turn_tokens=6",
+        "model.kind=pretrained", f"model.name_or_path={qwen_dir}", "model.trainable_layers=1", "model.compile=true",
+        "sft.steps=3", "sft.episodes=8", "sft.value_fit_episodes=4", "ppo.iterations=1", "ppo.episodes_per_iter=4",
+        "ppo.minibatch_size=2", "eval.render_examples=0"])
+    summary = train(cfg)
+    assert summary["final"]["greedy/n"] == 2
+    model, _ = load_actor_critic(tmp_path / "run" / "final")
+    assert not model.compiled

@@ -119,7 +119,8 @@ class PPOSession:
 
     def __init__(self, cfg: Config, ws: Workspace):
         from models.chat import ChatFormat
-        from models.policy import attention_for_precision, load_actor_critic, train_top_layers, without_dropout
+        from models.policy import (attention_for_precision, compile_layers, load_actor_critic, train_top_layers,
+                                   without_dropout)
 
         self.cfg, self.ws = cfg, ws
         p = cfg.ppo
@@ -154,6 +155,8 @@ class PPOSession:
         self.reward_bounds = (-bound, bound)
         self.acc = make_accelerator(ws.device, p.mixed_precision)
         attention_for_precision(model, ws.device, self.acc.mixed_precision)
+        if cfg.model.compile:
+            compile_layers(model)
         optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=p.lr, weight_decay=0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: lr_warmup_factor(it, p.lr_warmup_iters))
         self.iteration, self.history = 0, []

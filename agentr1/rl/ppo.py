@@ -27,18 +27,17 @@ from agentr1.rl.core import (
     anchor_states,
     compute_gae,
     compute_step_gae,
-    entropy_from_logits,
     explained_variance,
     gigpo_advantages,
     grpo_advantages,
     kl_penalty,
-    logprobs_from_logits,
     loss_mean,
     masked_mean,
     masked_whiten,
     policy_loss,
     reinforce_pp_advantages,
     rloo_advantages,
+    token_stats_for,
     value_loss,
 )
 from agentr1.rl.distributed import gather_rows, row_shards, sum_gradients
@@ -104,23 +103,22 @@ def forward_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     output for these rows (see :class:`Scored`), so only the layers above run.
     """
     extra = {} if trunk is None else {"trunk": trunk}
+    stats = token_stats_for(model)
     if positions is None:
         logits, values = model(input_ids=input_ids, attention_mask=attention_mask, **extra)
-        logits = logits[:, :-1].float() / temperature
-        logp = logprobs_from_logits(logits, input_ids[:, 1:])
-        ent = entropy_from_logits(logits) if with_entropy else None
+        logp, ent = stats(logits[:, :-1], input_ids[:, 1:], temperature, with_entropy)
         return logp, values[:, :-1].float(), ent
     where = positions.bool()
     at = torch.zeros_like(input_ids, dtype=torch.bool)
     at[:, :-1] = where  # the logits at position j - 1 predict token j
     packed, values = model(input_ids=input_ids, attention_mask=attention_mask, logits_at=at, **extra)
-    packed = packed.float()[None] / temperature  # (1, N, V)
+    packed_logp, packed_ent = stats(packed[None], input_ids[:, 1:][where][None], temperature, with_entropy)  # (1, N)
     logp = torch.zeros(where.shape, dtype=torch.float32, device=input_ids.device)
-    logp[where] = logprobs_from_logits(packed, input_ids[:, 1:][where][None])[0]
+    logp[where] = packed_logp[0]
     ent = None
     if with_entropy:
         ent = torch.zeros_like(logp)
-        ent[where] = entropy_from_logits(packed)[0]
+        ent[where] = packed_ent[0]
     return logp, values[:, :-1].float(), ent
 
 

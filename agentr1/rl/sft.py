@@ -11,7 +11,7 @@ import time
 import torch
 
 from agentr1.episode import Trajectory
-from agentr1.rl.core import compute_gae, logprobs_from_logits, place_at, place_outcome
+from agentr1.rl.core import compute_gae, place_at, place_outcome, token_stats_for
 
 log = logging.getLogger("agentr1.train")
 
@@ -51,12 +51,11 @@ def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, targe
     at = torch.zeros_like(input_ids, dtype=torch.bool)
     at[:, :-1] = where  # the logits at position j - 1 predict token j
     logits, _ = model(input_ids=input_ids, attention_mask=attention_mask, logits_at=at)
-    logits = logits.float()[None]  # (1, N, V)
     labels = input_ids[:, 1:][where][None]
-    nll = -logprobs_from_logits(logits, labels)
+    nll = -token_stats_for(model)(logits[None], labels)[0]  # (1, N)
     loss = nll.mean() if nll.numel() else nll.sum()
     with torch.no_grad():
-        acc = (logits.argmax(-1) == labels).float().mean() if nll.numel() else torch.zeros(())
+        acc = (logits[None].argmax(-1) == labels).float().mean() if nll.numel() else torch.zeros(())
     return loss, {"sft/loss": float(loss.detach()), "sft/token_acc": float(acc)}
 
 
