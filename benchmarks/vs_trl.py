@@ -33,7 +33,11 @@ rollout backend (``rollout.backend``, ``auto`` = vLLM where installed); TRL rend
 from its chat template (no end-of-turn token after a turn stopped at ``</tool_call>``, one token
 less per tool call than the project's observation). With frozen lower layers the project runs
 the frozen trunk once per batch and shares its activations between scoring and the update; TRL
-runs the whole model at each pass (gradients stop at the frozen layers on both sides). Start-up
+runs the whole model at each pass (gradients stop at the frozen layers on both sides). The
+project's side compiles its layers and loss statistics where the config says so
+(``model.compile``: ``conf/smollm2.yaml`` since feba626), TRL's stays eager (its ``torch_compile``
+would compile the whole model, generation included); the ratios in docs/benchmarks.md were
+measured before that, eager on both sides, as ``-o model.compile=false`` still runs them. Start-up
 (building the trainer or session, the vLLM engine) is timed apart from the iterations.
 
 **An equal wall-clock budget** (``--budget-s S``): each side trains until its iterations have
