@@ -184,3 +184,23 @@ def test_a_bf16_engine_beside_an_fp32_trainer_samples_the_trainers_policy(world)
     print(f"\nbf16 engine against the fp32 trainer: mean |gap| {close_mean:.4f}, after a sync {after_mean:.4f}")
     assert close_mean < 0.05 and after_mean < 0.05
     assert logp_gap(world["model"], engine(world, backend=bf16).run(records, seed=4), pad)[1] > 10 * close_mean
+
+
+def test_a_compiled_engine_samples_the_trainers_policy_and_follows_syncs(world):
+    """rollout.compile: vLLM's torch.compile on a CPU (its own engine); its log-probs match the
+    trainer's as the eager engine's do, the same seed gives the same episodes, and a sync after an
+    update is seen."""
+    pad, records = world["chat"].pad_token_id, world["splits"]["test"][:8]
+    compiled = VLLMBackend(world["model"].policy, max_model_len=MAX_LEN, compile=True)
+    assert compiled.llm is not world["backend"].llm
+    assert world["backend"].llm.llm_engine.vllm_config.model_config.enforce_eager
+    assert not compiled.llm.llm_engine.vllm_config.model_config.enforce_eager
+    a = engine(world, backend=compiled).run(records, seed=4)
+    assert logp_gap(world["model"], a, pad)[0] < LOGP_TOL
+    assert [t.token_ids for t in engine(world, backend=compiled).run(records, seed=4)] == [t.token_ids for t in a]
+    model = copy.deepcopy(world["model"])
+    with torch.no_grad():
+        for p in model.policy.parameters():
+            p.mul_(1.5)  # another policy
+    compiled.sync_weights(model.policy)
+    assert logp_gap(model, engine(world, backend=compiled).run(records, seed=4), pad)[0] < LOGP_TOL

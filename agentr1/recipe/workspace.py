@@ -122,7 +122,7 @@ def make_engine(cfg: Config, env: Environment, model, tokenizer, chat, device) -
             log.warning("rollout.dtype=bf16 on a device without native bf16 (a CPU without AMX or AVX-512 BF16): "
                         "vLLM samples in emulated bf16, far slower than fp32 here; rollout.dtype=auto samples in fp32")
         backend = VLLMBackend(model.policy, device, max_model_len=cfg.env.max_context_tokens, seed=cfg.seed,
-                              dtype=dtype)
+                              dtype=dtype, compile=cfg.rollout.compile)
     elif cfg.rollout.dtype != "auto":
         raise ConfigError(f"rollout.dtype={cfg.rollout.dtype}: rollout.backend={cfg.rollout.backend} samples with hf "
                           "here (vLLM is not installed or cannot serve this model: the log says which), from the "
