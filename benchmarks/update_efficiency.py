@@ -164,8 +164,8 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true",
                     help="also the last precision with each decoder layer compiled, as model.compile: true trains")
     ap.add_argument("--profile", action="store_true",
-                    help="also profile the last precision's demonstration step and PPO update: where "
-                         "their time goes, by operator")
+                    help="also profile the last row's demonstration step and PPO update (bf16 where native, "
+                         "compiled with --compile): where their time goes, by operator")
     args = ap.parse_args()
     cfg = load_config(args.config)
     rng = random.Random(0)
@@ -231,7 +231,7 @@ def main() -> None:
             sec = timed(lambda: sft_step(ids, target), args.steps)
             flops = step_flops(acc.unwrap_model(model), ids.numel(), int(target.sum()), ids.shape[1])
             rows.append((name, precision, compiled, sec, ids.numel() / sec, flops / sec / 1e9))
-        if args.profile and precision == ("bf16" if native else "no") and not compiled:
+        if args.profile and (precision, compiled) == variants[-1]:
             profile_step(lambda: sft_step(demo_ids, demo_target), precision, "demonstration step")
 
         hp = ppo_hyper(cfg)
@@ -247,7 +247,7 @@ def main() -> None:
                            batch.input_ids.shape[1], forward_from_trunk=scored.trunk is not None)
         rows.append((f"PPO update ({hp.epochs} epochs x {cfg.ppo.episodes_per_iter // hp.minibatch_size} mb)",
                      precision, compiled, sec, tokens / sec, flops / sec / 1e9))
-        if args.profile and precision == ("bf16" if native else "no") and not compiled:
+        if args.profile and (precision, compiled) == variants[-1]:
             profile_step(lambda: ppo_update(model, opt, acc, batch, scored, hp, gen, guard), precision, "PPO update",
                          steps=1)
 
