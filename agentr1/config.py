@@ -235,7 +235,7 @@ class RolloutConfig(_Section):
     trainer's own module, so it takes ``auto`` only."""
     compile: bool = False
     """The vLLM engine on a CPU: vLLM's ``torch.compile`` instead of eager execution (a GPU always
-    compiles). SmolLM2's rollouts of 32 episodes took 0.73x the time (7.6 s against 10.4 s from a
+    compiles). SmolLM2's rollouts of 32 episodes took 0.75x the time (7.8 s against 10.4 s from a
     cold prefix cache) for ~60 s more at each engine start (docs/benchmarks.md); the episodes were
     equally long (2,306 action tokens, 3.03 turns an episode). Ignored by the hf backend."""
 
