@@ -192,14 +192,19 @@ def train_top_layers(model: ActorCritic, trainable_layers: int | None) -> ActorC
 
 def compile_layers(model: ActorCritic) -> int:
     """``torch.compile`` (inductor) every decoder layer of ``model``'s policy in place
-    (``model.compile``); returns how many. One layer's code serves all of them, so this compiles a
-    few small graphs (with and without gradients, a new shape once) where compiling the whole
-    model would unroll 30 layers; the masks, rotary embeddings, LM head and losses stay eager, and
-    the module tree and its state dict are unchanged (checkpoints, vLLM syncs). On SmolLM2's
-    warm-up step it runs its elementwise operators and bf16 casts fused: docs/benchmarks.md."""
+    (``model.compile``), with dynamic shapes; returns how many. One layer's code serves all of
+    them, so this compiles a few small graphs where compiling the whole model would unroll 30
+    layers: one without gradients (the frozen trunk, scoring), one for the lowest trainable layer
+    (its input needs no gradient) and one for the layers above it. Static shapes would add a
+    recompile per graph at the first new length or batch size, and a run (warm-up, then PPO in the
+    same process) overflowed dynamo's 8 compiled versions per function: the versions past it ran
+    eager. The masks, rotary embeddings, LM head and losses stay eager (the losses' statistics
+    have their own compiled function, ``agentr1.rl.core.token_stats_for``), and the module tree and
+    its state dict are unchanged (checkpoints, vLLM syncs). On SmolLM2's warm-up step it runs the
+    elementwise operators and bf16 casts fused: docs/benchmarks.md."""
     layers = _base_lm(model.policy).model.layers
     for layer in layers:
-        layer.compile()
+        layer.compile(dynamic=True)
     model.compiled = True
     return len(layers)
 

@@ -152,8 +152,9 @@ def compiled_token_stats():
     """:func:`token_stats` through ``torch.compile``, built at its first call: one fused pass over
     the (N, V) logits instead of a pass per operator, forward and backward. On SmolLM2's 49,152-word
     vocabulary at ~400 action tokens, bf16 logits: 0.17-0.22 s against 0.55 s for LM head, log-probs,
-    entropy and their backward (2-core VM)."""
-    return torch.compile(token_stats)
+    entropy and their backward (2-core VM). Dynamic shapes: the number of action tokens changes
+    with every batch."""
+    return torch.compile(token_stats, dynamic=True)
 
 
 def token_stats_for(model) -> Callable:
