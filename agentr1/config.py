@@ -237,7 +237,9 @@ class RolloutConfig(_Section):
     """The vLLM engine on a CPU: vLLM's ``torch.compile`` instead of eager execution (a GPU always
     compiles). SmolLM2's rollouts of 32 episodes took 0.75x the time (7.8 s against 10.4 s from a
     cold prefix cache) for ~60 s more at each engine start (docs/benchmarks.md); the episodes were
-    equally long (2,306 action tokens, 3.03 turns an episode). Ignored by the hf backend."""
+    equally long (2,306 action tokens, 3.03 turns an episode). In a whole PPO run it did not pay:
+    rollouts 0.94x, but the trainer's steps beside the compiled engine ~1.3x slower. Ignored by the
+    hf backend."""
 
     @model_validator(mode="after")
     def _check(self) -> "RolloutConfig":
