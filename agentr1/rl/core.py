@@ -138,29 +138,21 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 def token_stats(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
                 with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of ``labels`` and (``with_entropy``) the entropy under softmax(logits /
-    temperature): (..., V), (...) long -> (...) float32 each; the entropy is None when not asked.
-    What every loss reads from the LM head (:func:`token_stats_for` picks this or its compiled twin)."""
-    z = logits.float()
-    if temperature != 1.0:
-        z = z / temperature
+    """Log-probs of ``labels`` and (else None) the entropy under softmax(logits / temperature):
+    (..., V), (...) long -> (...) float32 each. What every loss reads from the LM head."""
+    z = logits.float() if temperature == 1.0 else logits.float() / temperature
     return logprobs_from_logits(z, labels), (entropy_from_logits(z) if with_entropy else None)
 
 
-@functools.cache
-def compiled_token_stats():
-    """:func:`token_stats` through ``torch.compile``, built at its first call: one fused pass over
-    the (N, V) logits instead of a pass per operator, forward and backward. On SmolLM2's 49,152-word
-    vocabulary at ~400 action tokens, bf16 logits: 0.17-0.22 s against 0.55 s for LM head, log-probs,
-    entropy and their backward (2-core VM). Dynamic shapes: the number of action tokens changes
-    with every batch."""
-    return torch.compile(token_stats, dynamic=True)
-
-
 def token_stats_for(model) -> Callable:
-    """:func:`token_stats`, compiled when ``model``'s layers are (``model.compile: true``:
-    :func:`models.policy.compile_layers` marks the model)."""
-    return compiled_token_stats() if getattr(model, "compiled", False) else token_stats
+    """:func:`token_stats`, or where ``model``'s layers are compiled (``model.compile``, marked by
+    :func:`models.policy.compile_layers`) its ``torch.compile`` twin, built once, dynamic shapes:
+    one fused pass over the (N, V) logits, forward and backward. SmolLM2 (49,152 words), ~400
+    action tokens: 0.17-0.22 s against 0.55 s for LM head, log-probs, entropy and backward."""
+    return _compiled_token_stats() if getattr(model, "compiled", False) else token_stats
+
+
+_compiled_token_stats = functools.cache(lambda: torch.compile(token_stats, dynamic=True))
 
 
 # --------------------------------------------------------------------------- reward placement
