@@ -65,6 +65,7 @@ from agentr1.config import (
     load_config,
 )
 from adapters import lifecycle, tracking
+from agentr1.device import pin_threads
 from agentr1.env.registry import resolve
 from agentr1.presets import DataSource, Form, preset_path, spec_path
 from agentr1.fsutil import write_text
@@ -305,9 +306,7 @@ def shared_warmup(cfg: Config, spec: AblationSpec, run_id: str | None = None) ->
         return str(target)
     if finished_warmup(cfg) is None:
         if spec.runner.warmup_threads:
-            import torch
-
-            torch.set_num_threads(spec.runner.warmup_threads)
+            pin_threads(spec.runner.warmup_threads)
     return warm_up.fn(cfg, run_id)
 
 
@@ -328,10 +327,8 @@ def ablation_run(job: Job, warmup_dir: str, parent_run_id: str | None = None, th
     ``curve/<metric>`` (step = iteration), its final evaluation as ``final/<metric>``."""
     import multiprocessing
 
-    import torch
-
     if threads:
-        torch.set_num_threads(threads)
+        pin_threads(threads)
     try:
         with lifecycle.start_run(tracking.EXPERIMENTS["ablation"], f"{job.variant}/seed-{job.seed}",
                                 tags=run_tags(job), parent_run_id=parent_run_id) as run_id:

@@ -18,6 +18,7 @@ from accelerate.utils import gather_object
 from agentr1 import checkpoint as ckpt
 from agentr1.config import Config, ConfigError
 from agentr1.data.records import DataError, QARecord
+from agentr1.device import ThreadGovernor
 from agentr1.episode import Trajectory
 from agentr1.errors import UserError
 from agentr1.evaluate import evaluate
@@ -151,6 +152,7 @@ class PPOSession:
         p = cfg.ppo
         self.hp = ppo_hyper(cfg)
         self.guard = StepGuard(cfg.max_nonfinite_steps)
+        self.governor = ThreadGovernor()  # fewer threads while other programs keep the cores busy
         bound = reward_bound(cfg.reward.model_dump(), cfg.env.max_turns)
         self.reward_bounds = (-bound, bound)
         self.acc = make_accelerator(ws.device, p.mixed_precision)
@@ -285,6 +287,7 @@ class PPOSession:
         """One iteration: collect -> ``before_update(trajs, iteration)`` (the Prefect task stores
         the batch and validates it with Great Expectations there, for its report) -> check ->
         update. Returns its metrics."""
+        self.governor.step()
         trajs = self.collect()
         self.check_sampling(trajs)
         if before_update is not None:
@@ -296,6 +299,7 @@ class PPOSession:
         """Score, compute advantages and update on ``trajs``; returns this iteration's metrics."""
         p, it = self.cfg.ppo, self.iteration
         where = f"PPO iteration {it + 1}"
+        self.governor.step()
         batch = collate(trajs, self.chat.pad_token_id).to(self.ws.device)
         t1 = time.time()
         hp = replace(self.hp, kl_coef=self.kl_coef)
@@ -314,7 +318,7 @@ class PPOSession:
         self.guard.where = where
         lr = self.scheduler.get_last_lr()[0]
         upd_m = ppo_update(self.model, self.optimizer, self.acc, batch, scored, hp,
-                           torch.Generator().manual_seed(self.cfg.seed * 31 + it), self.guard)
+                           torch.Generator().manual_seed(self.cfg.seed * 31 + it), self.guard, self.governor.step)
         self.scheduler.step()
         self.model.eval()
         assert_finite_outputs(self.policy, batch.input_ids, batch.attention_mask, where)
@@ -324,7 +328,7 @@ class PPOSession:
         metrics = {**rollout_metrics(trajs, self.ws.env.extra_metrics), **score_m, **upd_m,
                    "actor/kl_coef": self.kl_coef, "actor/lr": lr,
                    "perf/rollout_s": t_roll, "perf/score_s": t_score, "perf/update_s": t_upd,
-                   "perf/iter_s": t_roll + t_score + t_upd,
+                   "perf/iter_s": t_roll + t_score + t_upd, "perf/threads": float(self.governor.threads),
                    "perf/rollout_action_tokens_per_s": sum(t.n_action_tokens for t in trajs) / max(t_roll, 1e-9),
                    "perf/update_tokens_per_s": int(batch.attention_mask.sum()) * p.epochs / max(t_upd, 1e-9),
                    "time/elapsed_s": self._t_offset + time.time() - self._t_open, "iteration": float(it + 1)}

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from agentr1.config import Config
+from agentr1.device import ThreadGovernor
 from agentr1.data.records import DataError, QARecord, load_corpus_dir, split_path
 from agentr1.env.base import Environment, NoDemonstrations
 from agentr1.env.episodes import run_episodes
@@ -190,6 +191,7 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     batches = iter(())
     metrics = {"sft/loss": float("nan"), "sft/token_acc": float("nan")}  # sft.steps=0: no warm-up
     guard = StepGuard(cfg.max_nonfinite_steps)
+    governor = ThreadGovernor()  # fewer threads while other programs keep the cores busy
     # A logged line, not a progress bar: a bar is silent when stderr is not a terminal (CI, the
     # Prefect pipeline) and never reaches the Prefect task log; this does both.
     loop_start = last_report = time.time()
@@ -219,6 +221,7 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
             optimizer.step()
         scheduler.step()  # the schedule follows the step count, taken or skipped
         optimizer.zero_grad(set_to_none=True)
+        governor.step()
         now = time.time()
         if now - last_report >= WARMUP_PROGRESS_S or step == total - 1:
             last_report = now
@@ -228,7 +231,7 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
                      metrics[prefix + "token_acc"], now - t0, (now - loop_start) / done * (total - done))
         if log_metrics and (step % 20 == 0 or step == total - 1):
             log_metrics({**metrics, "sft/lr": scheduler.get_last_lr()[0],
-                         "sft/skipped_steps": float(guard.skipped)}, step)
+                         "sft/skipped_steps": float(guard.skipped), "perf/threads": float(governor.threads)}, step)
     model = acc.unwrap_model(model)
     model.eval()
     if total:

@@ -18,6 +18,7 @@ results equal one process's (see :mod:`agentr1.rl.distributed`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -256,10 +257,12 @@ def _loss_weight(loss_mask: torch.Tensor, rows: list[int], L: int, hp: PPOHyper)
 
 
 def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Scored, hp: PPOHyper,
-               generator: torch.Generator, guard: StepGuard) -> dict[str, float]:
+               generator: torch.Generator, guard: StepGuard,
+               after_step: Callable[[], object] | None = None) -> dict[str, float]:
     """Epochs of shuffled minibatch updates; returns metrics averaged over the minibatches that
     stepped. A minibatch whose loss or gradient norm is not finite does not step (``guard``
     counts it in ``actor/skipped_steps`` and stops the run after too many in a row).
+    ``after_step()`` runs after each minibatch (the recipe's thread governor).
 
     With several processes (each holding the whole batch, the same ``generator`` state) the
     minibatches are the same; each process takes rows ``mb[rank::world]`` and weighs each part of
@@ -321,6 +324,8 @@ def ppo_update(model, optimizer, accelerator, batch: RolloutBatch, scored: Score
             if stepped:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if after_step is not None:
+                after_step()
             if not stepped:
                 continue
             step_m = dict(zip(STEP_METRICS, step_v[1:]))
