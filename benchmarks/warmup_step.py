@@ -44,6 +44,7 @@ def child(mode: str, steps: int, skip: int = 2, config: str = "conf/train.yaml")
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from agentr1.config import load_config
+    from agentr1.device import ThreadGovernor
     from agentr1.rl.distributed import make_accelerator
     from agentr1.rl.optim import MuonWithAdamW, muon_groups
     from agentr1.rl.sft import pad_episodes, sft_loss
@@ -80,6 +81,7 @@ def child(mode: str, steps: int, skip: int = 2, config: str = "conf/train.yaml")
                  for i in range(cfg.sft.batch_size)]
         batches.append(pad_episodes([(t.token_ids, t.action_mask) for t in demos], 0))
     times, loss = [], None
+    governor = ThreadGovernor()  # as the warm-up has it: on with AGENTR1_OMP_WAIT=adapt
     for step in range(skip + steps):
         ids, attention, target = batches[step % BATCHES]
         t0 = time.perf_counter()
@@ -89,8 +91,10 @@ def child(mode: str, steps: int, skip: int = 2, config: str = "conf/train.yaml")
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        governor.step()
         times.append(time.perf_counter() - t0)
-    print(json.dumps({"mode": mode, "threads": torch.get_num_threads(), "first_s": times[0],
+    print(json.dumps({"mode": mode, "threads": torch.get_num_threads(), "thread_changes": governor.changes,
+                      "first_s": times[0],
                       "untimed_s": sum(times[:skip]), "times": times[skip:], "loss": float(loss)}))
 
 
