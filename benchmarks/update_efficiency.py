@@ -239,6 +239,14 @@ def main() -> None:
                         tokenizer.pad_token_id or 0)
         with acc.autocast():
             scored, _ = score_batch(model, model, batch, hp)
+
+        def score() -> None:  # what an iteration's scoring phase does (the reference is the model here)
+            with acc.autocast():
+                score_batch(model, model, batch, hp)
+
+        sec = timed(score, max(1, args.steps // 5))
+        rows.append((f"PPO scoring ({cfg.ppo.episodes_per_iter} episodes)", precision, compiled, sec,
+                     int(batch.attention_mask.sum()) / sec, None))
         guard = StepGuard(cfg.max_nonfinite_steps)
         gen = torch.Generator().manual_seed(0)
         sec = timed(lambda: ppo_update(model, opt, acc, batch, scored, hp, gen, guard), max(1, args.steps // 5))
@@ -255,6 +263,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for name, precision, compiled, sec, tps, gflops in rows:
         how = ("fp32" if precision == "no" else "bf16 autocast") + (", compiled layers" if compiled else "")
+        if gflops is None:  # no FLOP count for this row
+            print(f"| {name} | {how} | {sec:.3f} | {tps:,.0f} | - | - | - |")
+            continue
         print(f"| {name} | {how} | {sec:.3f} | {tps:,.0f} | "
               f"{gflops:.0f} | {100 * gflops / peaks['fp32']:.0f}% | {100 * gflops / peaks['bf16']:.0f}% |")
 
