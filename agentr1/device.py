@@ -58,8 +58,12 @@ def busy_cores(sample_s: float = SAMPLE_S) -> float | None:
         machine1, self1 = _machine_busy(), _self_busy()
     except (OSError, ValueError, IndexError):
         return None
-    ticks = os.sysconf("SC_CLK_TCK")
-    return max(0.0, ((machine1 - machine0) - (self1 - self0)) / ticks / sample_s)
+    return _others_cores(machine1 - machine0, self1 - self0, sample_s)
+
+
+def _others_cores(machine_ticks: int, own_ticks: int, seconds: float) -> float:
+    """Cores the other programs kept busy: the machine's busy ticks less one's own, per second."""
+    return max(0.0, (machine_ticks - own_ticks) / os.sysconf("SC_CLK_TCK") / seconds)
 
 
 def _machine_busy() -> int:
@@ -69,9 +73,15 @@ def _machine_busy() -> int:
     return sum(fields[:8]) - idle  # user nice system idle iowait irq softirq steal
 
 
+def _stat_fields(pid: int | str = "self") -> list[str]:
+    """``/proc/<pid>/stat`` after the command name (which may hold spaces and parentheses): field
+    0 is the state, 1 the parent's pid, 11-14 utime stime cutime cstime."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def _self_busy() -> int:
-    with open("/proc/self/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    fields = _stat_fields()
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
@@ -127,8 +137,7 @@ def _family_busy() -> int:
         if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            fields = _stat_fields(name)
         except OSError:  # gone since the listing
             continue
         pid = int(name)
@@ -196,7 +205,7 @@ class ThreadGovernor:
             return self.threads
         (t0, machine0, family0), (t1, machine1, family1) = self._last, now
         self._last = now
-        others = max(0.0, ((machine1 - machine0) - (family1 - family0)) / os.sysconf("SC_CLK_TCK") / (t1 - t0))
+        others = _others_cores(machine1 - machine0, family1 - family0, t1 - t0)
         target = max(1, min(self.max_threads, round(self.cores - others)))
         current = self.threads
         if target != current:
