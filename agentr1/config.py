@@ -318,10 +318,11 @@ class PPOConfig(_Section):
     """Micro-batches each minibatch is cut into, forwarded and backpropagated one at a time (less
     memory); their gradients add up to the minibatch's and the optimizer steps once per minibatch."""
     score_rows: int | None = Field(None, ge=1)
-    """Episodes scored per forward pass before the update (old and reference log-probs, values).
-    None: the whole batch at once. The scoring pass holds the logits of every action token of its
-    rows: at a 152k vocabulary, 128 episodes x 512 tokens are ~40 GB in fp32, so a GPU run of a
-    Qwen-sized vocabulary sets e.g. 16 (the result is the same up to float rounding)."""
+    """Episodes scored per forward pass before the update (old and reference log-probs, values),
+    taken longest first so that each pass runs episodes of similar lengths, cut to its longest.
+    None: ``minibatch_size``. A pass holds the logits of every action token of its rows: at a 152k
+    vocabulary, 128 episodes x 512 tokens are ~40 GB in fp32, so a GPU run of a Qwen-sized
+    vocabulary keeps this at e.g. 16 (the result is the same up to float rounding)."""
     lr: float = Field(1e-4, gt=0)
     lr_warmup_iters: int = Field(0, ge=0)
     """Iterations over which the learning rate rises linearly to ``lr`` (0: ``lr`` from the first)."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from dataclasses import replace
 
 import torch
 
@@ -240,13 +241,20 @@ def main() -> None:
         with acc.autocast():
             scored, _ = score_batch(model, model, batch, hp)
 
-        def score() -> None:  # what an iteration's scoring phase does (the reference is the model here)
-            with acc.autocast():
-                score_batch(model, model, batch, hp)
+        # What an iteration's scoring phase does (the reference is the model here), on episodes of
+        # 1-3 hops (2-4 turns) as the runs' are: chunks of ppo.score_rows rows longest first, each
+        # cut to its longest (the default), beside one pass over the batch padded to its longest.
+        prompt, turn, observation, _ = shape
+        mixed = collate([synthetic_episode(rng, vocab, i, (prompt, turn, observation, rng.choice((2, 3, 4))))
+                         for i in range(cfg.ppo.episodes_per_iter)], tokenizer.pad_token_id or 0)
+        for how, score_rows in (("one pass", len(mixed)), (f"chunks of {hp.score_rows or hp.minibatch_size}", None)):
+            def score(h=replace(hp, score_rows=score_rows)) -> None:
+                with acc.autocast():
+                    score_batch(model, model, mixed, h)
 
-        sec = timed(score, max(1, args.steps // 5))
-        rows.append((f"PPO scoring ({cfg.ppo.episodes_per_iter} episodes)", precision, compiled, sec,
-                     int(batch.attention_mask.sum()) / sec, None))
+            sec = timed(score, max(1, args.steps // 5))
+            rows.append((f"PPO scoring ({len(mixed)} episodes of 2-4 turns, {how})", precision, compiled, sec,
+                         int(mixed.attention_mask.sum()) / sec, None))
         guard = StepGuard(cfg.max_nonfinite_steps)
         gen = torch.Generator().manual_seed(0)
         sec = timed(lambda: ppo_update(model, opt, acc, batch, scored, hp, gen, guard), max(1, args.steps // 5))

@@ -247,8 +247,9 @@ def test_ppo_minibatch_window_gives_a_fresh_partition_each_epoch_where_a_full_so
 
 
 def test_scoring_in_chunks_of_rows_gives_the_whole_batchs_scores(world, monkeypatch):
-    """ppo.score_rows scores the batch a few episodes at a time (a GPU's memory holds one chunk's
-    logits, not the batch's): the same log-probs, values and advantages up to float rounding."""
+    """ppo.score_rows scores the batch a few episodes at a time, longest first, each chunk cut to
+    its longest row: the same log-probs, values and advantages as one pass over the whole padded
+    batch, up to float rounding, on every position of every row (0 past its end)."""
     from dataclasses import replace
 
     from agentr1.config import Config
@@ -257,15 +258,23 @@ def test_scoring_in_chunks_of_rows_gives_the_whole_batchs_scores(world, monkeypa
     from agentr1.rl.ppo import score_batch
 
     batch = collate(make_engine(world).run(world["splits"]["test"][:6], seed=3), world["chat"].pad_token_id)
+    lengths = batch.attention_mask.sum(dim=1)
+    assert len(set(lengths.tolist())) > 1, "episodes of one length: the cut would prove nothing"
     hp = ppo_hyper(Config())
-    assert hp.score_rows is None
-    whole, _ = score_batch(world["model"], world["model"], batch, hp)
-    rows, forward = [], ppo_module.forward_tokens
-    monkeypatch.setattr(ppo_module, "forward_tokens", lambda m, ids, *a, **k: rows.append(len(ids)) or forward(m, ids, *a, **k))
+    assert hp.score_rows is None and hp.minibatch_size >= len(batch)
+    shapes, forward = [], ppo_module.forward_tokens
+    monkeypatch.setattr(ppo_module, "forward_tokens",
+                        lambda m, ids, *a, **k: shapes.append(tuple(ids.shape)) or forward(m, ids, *a, **k))
+    whole, _ = score_batch(world["model"], world["model"], batch, hp)  # one chunk: the batch, cut to its longest
     chunked, _ = score_batch(world["model"], world["model"], batch, replace(hp, score_rows=4))
-    assert rows == [4, 4, 2, 2]  # policy and reference, two chunks
+    longest = sorted(lengths.tolist(), reverse=True)
+    assert shapes == [(6, longest[0])] * 2 + [(4, longest[0])] * 2 + [(2, longest[4])] * 2  # policy, reference
+    inside = batch.attention_mask[:, 1:].bool()
     for name in ("old_logp", "ref_logp", "old_values", "advantages", "returns"):
-        assert torch.allclose(getattr(whole, name), getattr(chunked, name), atol=1e-5), name
+        a, b = getattr(whole, name), getattr(chunked, name)
+        assert torch.allclose(a[inside], b[inside], atol=1e-5), name
+        if name != "advantages":  # whitened advantages shift every position
+            assert torch.all(b[~inside] == 0), name
     assert float(batch.action_mask.sum()) > 0 and float(whole.old_logp.abs().sum()) > 0
 
 

@@ -155,14 +155,28 @@ def score_batch(model, ref_model, batch: RolloutBatch, hp: PPOHyper,
     net = _network(model, accelerator)
     # The frozen layers' output, once for the policy, the reference (which shares those layers:
     # agentr1.recipe.ppo.share_frozen_layers) and every epoch. Data parallel shards rows: not there.
-    trunk = None if _parallel(accelerator) or not getattr(net, "frozen_layers", 0) else net.trunk_states(ids, attn)
-    parts = []
-    step = hp.score_rows or len(ids)  # ppo.score_rows: a chunk's logits, not the batch's, in memory at once
+    with_trunk = not _parallel(accelerator) and getattr(net, "frozen_layers", 0)
+    # Chunks of ppo.score_rows rows of similar lengths (longest first), each cut to its own longest
+    # row: the pads of a batch of mixed lengths are not run (on SmolLM2's demonstrations a quarter
+    # of a 32-row batch's positions), and one chunk's logits, not the batch's, are in memory at once.
+    # Positions past a row's end stay 0 (they are masked everywhere).
+    lengths = attn.sum(dim=1)
+    order = torch.argsort(lengths, descending=True, stable=True)
+    old_logp, old_values, ref_logp = (torch.zeros(at.shape, device=ids.device) for _ in range(3))
+    trunk = None
+    step = hp.score_rows or hp.minibatch_size
     for s in range(0, len(ids), step):
-        c, t = slice(s, s + step), None if trunk is None else trunk[s:s + step]
-        parts.append((*forward_tokens(net, ids[c], attn[c], hp.temperature, positions=at[c], trunk=t)[:2],
-                      forward_tokens(ref_model, ids[c], attn[c], hp.temperature, positions=at[c], trunk=t)[0]))
-    old_logp, old_values, ref_logp = (torch.cat(x) if len(parts) > 1 else x[0] for x in zip(*parts))
+        c = order[s:s + step]
+        n = int(lengths[c].max())
+        c_ids, c_attn, c_at = ids[c, :n], attn[c, :n], at[c, :n - 1]
+        t = net.trunk_states(c_ids, c_attn) if with_trunk else None
+        old_logp[c, :n - 1], old_values[c, :n - 1] = forward_tokens(net, c_ids, c_attn, hp.temperature,
+                                                                    positions=c_at, trunk=t)[:2]
+        ref_logp[c, :n - 1] = forward_tokens(ref_model, c_ids, c_attn, hp.temperature, positions=c_at, trunk=t)[0]
+        if t is not None:
+            if trunk is None:
+                trunk = t.new_zeros((*ids.shape, t.shape[-1]))
+            trunk[c, :n] = t
     if _parallel(accelerator):
         old_logp, old_values, ref_logp = (gather_rows(accelerator, x, len(batch))
                                           for x in (old_logp, old_values, ref_logp))
