@@ -47,8 +47,7 @@ from agentr1.rl.guard import StepGuard
 from agentr1.rl.ppo import ppo_update, score_batch
 from agentr1.rl.sft import sft_loss
 from agentr1.rollout.batch import collate
-from models.policy import (ModelSpec, attention_for_precision, build_policy, compile_layers, count_parameters,
-                           train_top_layers)
+from models.policy import ModelSpec, build_policy, count_parameters, ready_to_train, train_top_layers
 from models.pretrained import load_pretrained
 from models.tokenizer import build_tokenizer
 
@@ -206,9 +205,7 @@ def main() -> None:
     variants += [(variants[-1][0], True)] if args.compile else []
     for precision, compiled in variants:
         model = make_model(cfg, tokenizer)
-        attention_for_precision(model, torch.device("cpu"), precision)
-        if compiled:
-            compile_layers(model)
+        ready_to_train(model, torch.device("cpu"), precision, compiled)
         acc = make_accelerator(torch.device("cpu"), precision)
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
         model, opt = acc.prepare(model, opt)

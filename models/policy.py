@@ -244,6 +244,15 @@ EAGER_BELOW_HEAD_DIM = 64
 """Attention heads narrower than this train with eager attention under bf16 on a CPU."""
 
 
+def ready_to_train(model: ActorCritic, device: torch.device, mixed_precision: str, compile: bool) -> int:
+    """What the warm-up and PPO do to a model before their first step: the attention kernel for
+    the training precision (:func:`attention_for_precision`), then with ``compile``
+    (``model.compile``) every decoder layer compiled (:func:`compile_layers`); returns how many
+    layers were compiled (0 without)."""
+    attention_for_precision(model, device, mixed_precision)
+    return compile_layers(model) if compile else 0
+
+
 def attention_for_precision(model: ActorCritic, device: torch.device, mixed_precision: str) -> str:
     """Choose the attention kernel for training at ``mixed_precision`` on ``device``; returns it.
 

@@ -616,6 +616,36 @@ def test_compiled_layers_compute_the_same_function_and_keep_the_state_dict(qwen_
             torch.testing.assert_close(g2[n], g1[n], atol=1e-4, rtol=1e-3)
 
 
+def test_the_finite_outputs_probe_runs_the_trained_layers_on_rows_cut_to_length(qwen_dir):
+    """After an update PPO checks the policy's outputs on a few rows, from the frozen layers'
+    states scoring computed: finite but absurd weights in a trained layer are caught, the rows
+    are cut to their longest and the frozen layers do not run again."""
+    from agentr1.rl.guard import PROBE_ROWS, TrainingDiverged, assert_finite_outputs
+    from models.policy import train_top_layers
+
+    model, qtok = load_pretrained(qwen_dir)
+    train_top_layers(model, 1)
+    model.eval()
+    ids = torch.randint(0, len(qtok), (PROBE_ROWS + 2, 12), generator=torch.Generator().manual_seed(0))
+    attention = torch.ones_like(ids)
+    attention[:, 9:] = 0  # every row right-padded: the probe's rows are 9 long
+    attention[PROBE_ROWS:, 9:] = 1  # rows past the probe's are longer, and not run
+    with torch.no_grad():
+        trunk = model.trunk_states(ids, attention)
+    seen, forward = [], model.forward
+    model.forward = lambda input_ids, **kw: seen.append((tuple(input_ids.shape), "trunk" in kw)) or forward(input_ids, **kw)
+    frozen_runs = []
+    model.trunk_states = lambda *a, **k: frozen_runs.append(1)
+    assert_finite_outputs(model, ids, attention, "probe", trunk)
+    assert seen == [((PROBE_ROWS, 9), True)] and frozen_runs == []
+    top = list(model.policy.model.layers)[-1]
+    with torch.no_grad():
+        for w in (top.mlp.up_proj.weight, top.mlp.down_proj.weight):  # finite, and the outputs overflow
+            w.fill_(torch.finfo(torch.float32).max)
+    with pytest.raises(TrainingDiverged, match="outputs are not"):
+        assert_finite_outputs(model, ids, attention, "probe", trunk)
+
+
 def test_a_run_with_compiled_layers_trains_samples_and_saves(qwen_dir, tmp_path):
     """model.compile: true through a whole run: the warm-up's steps and value fit, hf sampling
     (generate with a KV cache) through the compiled layers, PPO's scoring and update, the

@@ -120,8 +120,7 @@ class PPOSession:
 
     def __init__(self, cfg: Config, ws: Workspace):
         from models.chat import ChatFormat
-        from models.policy import (attention_for_precision, compile_layers, load_actor_critic, train_top_layers,
-                                   without_dropout)
+        from models.policy import load_actor_critic, ready_to_train, train_top_layers, without_dropout
 
         self.cfg, self.ws = cfg, ws
         p = cfg.ppo
@@ -156,9 +155,7 @@ class PPOSession:
         bound = reward_bound(cfg.reward.model_dump(), cfg.env.max_turns)
         self.reward_bounds = (-bound, bound)
         self.acc = make_accelerator(ws.device, p.mixed_precision)
-        attention_for_precision(model, ws.device, self.acc.mixed_precision)
-        if cfg.model.compile:
-            compile_layers(model)
+        ready_to_train(model, ws.device, self.acc.mixed_precision, cfg.model.compile)
         optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=p.lr, weight_decay=0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: lr_warmup_factor(it, p.lr_warmup_iters))
         self.iteration, self.history = 0, []
@@ -321,7 +318,8 @@ class PPOSession:
                            torch.Generator().manual_seed(self.cfg.seed * 31 + it), self.guard, self.governor.step)
         self.scheduler.step()
         self.model.eval()
-        assert_finite_outputs(self.policy, batch.input_ids, batch.attention_mask, where)
+        with self.acc.autocast():
+            assert_finite_outputs(self.policy, batch.input_ids, batch.attention_mask, where, scored.trunk)
         t_upd = time.time() - t1 - t_score
         # An iteration's time in three parts: sampling, scoring (old/reference log-probs, values,
         # advantages), and the epochs of minibatch updates.

@@ -145,7 +145,7 @@ def encode_demonstrations(chat, env: Environment, records, demos: list[Trajector
 
 def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     """Supervised warm-up on noisy-expert transcripts; saves and returns (model, tokenizer, chat)."""
-    from models.policy import attention_for_precision, compile_layers, save_actor_critic
+    from models.policy import ready_to_train, save_actor_critic
 
     seed_everything(cfg.seed)
     t0 = time.time()
@@ -177,10 +177,8 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
                  corpus_steps, len(rows), sft.corpus_block, sft.steps)
     total = corpus_steps + sft.steps
     acc = make_accelerator(ws.device, cfg.ppo.mixed_precision)
-    attention_for_precision(model, ws.device, acc.mixed_precision)
-    if cfg.model.compile:
-        log.info("warm-up: %d decoder layers compiled (model.compile): the first steps wait for it",
-                 compile_layers(model))
+    if compiled := ready_to_train(model, ws.device, acc.mixed_precision, cfg.model.compile):
+        log.info("warm-up: %d decoder layers compiled (model.compile): the first steps wait for it", compiled)
     optimizer = (MuonWithAdamW(muon_groups(model, sft.muon_lr, sft.lr, sft.weight_decay))
                  if sft.optimizer == "muon" else
                  torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=sft.weight_decay))
@@ -235,7 +233,8 @@ def warmup(cfg: Config, ws: Workspace, log_metrics: MetricsFn | None = None):
     model = acc.unwrap_model(model)
     model.eval()
     if total:
-        assert_finite_outputs(model, ids, attn, f"warm-up (after {total} steps)")
+        with acc.autocast():
+            assert_finite_outputs(model, ids, attn, f"warm-up (after {total} steps)")
     value_r2 = None
     if sft.value_fit_episodes:
         n = min(sft.value_fit_episodes, len(demos))

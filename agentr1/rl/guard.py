@@ -55,18 +55,21 @@ class StepGuard:
         return n
 
 
-def first_nonfinite(model: torch.nn.Module) -> str | None:
-    """The name of the first parameter or buffer holding NaN/inf, None when all are finite."""
-    for name, t in (*model.named_parameters(), *model.named_buffers()):
+def first_nonfinite(model: torch.nn.Module, trainable_only: bool = False) -> str | None:
+    """The name of the first parameter or buffer holding NaN/inf, None when all are finite
+    (``trainable_only``: the parameters that train, no buffer)."""
+    tensors = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if trainable_only else \
+        [*model.named_parameters(), *model.named_buffers()]
+    for name, t in tensors:
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             return name
     return None
 
 
-def assert_finite(model: torch.nn.Module, what: str) -> None:
+def assert_finite(model: torch.nn.Module, what: str, trainable_only: bool = False) -> None:
     """Raise :class:`TrainingDiverged` when ``model`` holds a non-finite number: what is about to
     be written (``what``) would be a NaN policy."""
-    bad = first_nonfinite(model)
+    bad = first_nonfinite(model, trainable_only)
     if bad is not None:
         raise TrainingDiverged(f"{what}: parameter {bad!r} is not finite (NaN/inf); refusing to write or use it")
 
@@ -78,16 +81,23 @@ absurd but finite weights, say 1e30 after an enormous step, overflow on any inpu
 
 @torch.no_grad()
 def assert_finite_outputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                          what: str) -> None:
+                          what: str, trunk: torch.Tensor | None = None) -> None:
     """Raise :class:`TrainingDiverged` unless the actor-critic ``model`` gives finite logits and
-    values on the first :data:`PROBE_ROWS` rows of ``input_ids`` (B, L): finite parameters can
-    still make a NaN policy, and it must not reach a checkpoint or the registry."""
-    assert_finite(model, what)
+    values on the first :data:`PROBE_ROWS` rows of ``input_ids`` (B, L), cut to their longest:
+    finite parameters can still make a NaN policy, and it must not reach a checkpoint or the
+    registry. ``trunk``: the frozen layers' output for the batch (``Scored.trunk``), so that only
+    the layers training changed run. At the caller's precision (PPO: its autocast, as the next
+    scoring runs). Of the parameters only those that train are scanned: the frozen ones are the
+    loaded base's, which nothing changes (on SmolLM2 the scan of all 135M took 0.4 s)."""
+    assert_finite(model, what, trainable_only=True)
+    n = int(attention_mask[:PROBE_ROWS].sum(dim=1).max())
+    ids, attention_mask = input_ids[:PROBE_ROWS, :n], attention_mask[:PROBE_ROWS, :n]
+    extra = {} if trunk is None else {"trunk": trunk[:PROBE_ROWS, :n]}
     was_training = model.training
     model.eval()
-    logits, values = model(input_ids=input_ids[:PROBE_ROWS], attention_mask=attention_mask[:PROBE_ROWS])
+    logits, values = model(input_ids=ids, attention_mask=attention_mask, **extra)
     model.train(was_training)
-    keep = attention_mask[:PROBE_ROWS].bool()
+    keep = attention_mask.bool()
     if not (bool(torch.isfinite(logits[keep]).all()) and bool(torch.isfinite(values[keep]).all())):
         raise TrainingDiverged(f"{what}: the model's parameters are finite but its outputs are not (NaN/inf "
                                "logits or values): the run has diverged")
